@@ -1,0 +1,214 @@
+//! Open files: handles, daemon-side I/O, release, fsync.
+//!
+//! Each open of a regular file opens its backing file; under passthrough the
+//! FUSE adapter registers that descriptor with the kernel and data never
+//! enters the daemon. The first writer puts a `W` marker in the batch so a
+//! crash before the last close is reconciled at the next mount.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::{CoreError, Ctx, Fs, OpenInode, Result};
+use crate::format::dirent::encode_marker;
+use crate::format::inode::{S_IFREG, Timestamp};
+use crate::format::keys;
+
+#[derive(Clone, Copy, Debug)]
+pub struct OpenMode {
+    pub write: bool,
+    pub truncate: bool,
+}
+
+impl OpenMode {
+    pub fn from_flags(flags: i32) -> Self {
+        let acc = flags & libc::O_ACCMODE;
+        OpenMode {
+            write: acc == libc::O_WRONLY || acc == libc::O_RDWR,
+            truncate: flags & libc::O_TRUNC != 0,
+        }
+    }
+}
+
+/// An open regular file.
+pub struct Handle {
+    pub fh: u64,
+    pub ino: u64,
+    pub writable: bool,
+    /// The backing file (also what passthrough hands to the kernel).
+    pub file: Arc<File>,
+}
+
+impl Fs {
+    /// Opens regular file `ino`.
+    pub fn open(&self, ino: u64, mode: OpenMode) -> Result<Arc<Handle>> {
+        if mode.write || mode.truncate {
+            self.writable()?;
+        }
+        let mut st = self.state.lock();
+        let mut inode = self.inode(&mut st, ino)?;
+        if inode.is_dir() {
+            return Err(CoreError::IsDir);
+        }
+        if !inode.is_reg() {
+            return Err(CoreError::Invalid);
+        }
+        let file = Arc::new(self.data.open(ino)?);
+        let mut w = Vec::new();
+        if mode.truncate {
+            file.set_len(0)?;
+            let now = Timestamp::now();
+            inode.size = 0;
+            inode.blocks = 0;
+            inode.mtime = now;
+            inode.ctime = now;
+            self.put_inode(&mut st, &mut w, ino, inode);
+        }
+        let o = st.open.entry(ino).or_insert_with(OpenInode::default);
+        o.handles += 1;
+        if mode.write {
+            if o.writers == 0 {
+                let k = keys::writing(ino);
+                w.push((k.to_vec(), Some(encode_marker(&k))));
+                o.backing = Some(Arc::clone(&file));
+            }
+            o.writers += 1;
+        }
+        drop(st);
+        self.commit(w)?;
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let h = Arc::new(Handle {
+            fh,
+            ino,
+            writable: mode.write,
+            file,
+        });
+        self.handles.lock().insert(fh, Arc::clone(&h));
+        Ok(h)
+    }
+
+    /// Creates and opens a regular file (`O_CREAT` with no existing name).
+    pub fn create(&self, ctx: &Ctx, parent: u64, name: &[u8], mode: u32, umask: u32, flags: i32) -> Result<(super::Attr, Arc<Handle>)> {
+        let attr = self.make_node(ctx, parent, name, S_IFREG | (mode & 0o7777), umask, 0, None)?;
+        let mut om = OpenMode::from_flags(flags);
+        om.truncate = false;
+        match self.open(attr.ino, om) {
+            Ok(h) => Ok((attr, h)),
+            Err(e) => {
+                // Creation succeeded; give back the reference we counted.
+                self.forget(attr.ino, 1);
+                Err(e)
+            }
+        }
+    }
+
+    pub fn handle(&self, fh: u64) -> Result<Arc<Handle>> {
+        self.handles.lock().get(&fh).cloned().ok_or(CoreError::BadHandle)
+    }
+
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let h = self.handle(fh)?;
+        let mut buf = vec![0u8; size as usize];
+        let mut done = 0;
+        while done < buf.len() {
+            match h.file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        buf.truncate(done);
+        Ok(buf)
+    }
+
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        let h = self.handle(fh)?;
+        if !h.writable {
+            return Err(CoreError::BadHandle);
+        }
+        if self.store.failure() == Some(super::Failure::NoSpace) {
+            return Err(CoreError::NoSpace);
+        }
+        h.file.write_all_at(data, offset)?;
+        Ok(data.len() as u32)
+    }
+
+    /// Closes handle `fh`. When the last writer closes, the record takes the
+    /// backing file's size and mtime and the `W` marker goes.
+    pub fn release(&self, fh: u64) -> Result<()> {
+        let Some(h) = self.handles.lock().remove(&fh) else {
+            return Err(CoreError::BadHandle);
+        };
+        let mut st = self.state.lock();
+        let mut w = Vec::new();
+        let mut last = false;
+        if let Some(o) = st.open.get_mut(&h.ino) {
+            o.handles = o.handles.saturating_sub(1);
+            if h.writable {
+                o.writers = o.writers.saturating_sub(1);
+                if o.writers == 0 {
+                    let backing = o.backing.take();
+                    if let Ok(mut inode) = self.inode(&mut st, h.ino) {
+                        self.reconcile(h.ino, &mut inode, backing.as_deref().or(Some(&h.file)))?;
+                        self.put_inode(&mut st, &mut w, h.ino, inode);
+                    }
+                    w.push((keys::writing(h.ino).to_vec(), None));
+                }
+            }
+            last = st.open.get(&h.ino).is_some_and(|o| o.handles == 0);
+        }
+        if last {
+            st.open.remove(&h.ino);
+        }
+        self.commit(w)?;
+        if last {
+            self.maybe_free(&mut st, h.ino)?;
+        }
+        Ok(())
+    }
+
+    /// `fsync`: the backing file's data, then every metadata change so far.
+    pub fn fsync(&self, fh: u64, datasync: bool) -> Result<()> {
+        let h = self.handle(fh)?;
+        if datasync {
+            h.file.sync_data()?;
+        } else {
+            h.file.sync_all()?;
+        }
+        self.store.sync()
+    }
+
+    /// `fallocate`; mode 0 (allocate, extending size) and the keep-size,
+    /// punch-hole and zero-range modes the backing filesystem supports.
+    pub fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> Result<()> {
+        let h = self.handle(fh)?;
+        self.writable()?;
+        let flags = nix::fcntl::FallocateFlags::from_bits(mode).ok_or(CoreError::NotSupported)?;
+        nix::fcntl::fallocate(&*h.file, flags, offset as i64, length as i64).map_err(std::io::Error::from)?;
+        let mut st = self.state.lock();
+        let mut inode = self.inode(&mut st, h.ino)?;
+        self.reconcile(h.ino, &mut inode, Some(&h.file))?;
+        inode.ctime = Timestamp::now();
+        if mode & libc::FALLOC_FL_KEEP_SIZE == 0 {
+            inode.mtime = inode.ctime;
+        }
+        let mut w = Vec::new();
+        self.put_inode(&mut st, &mut w, h.ino, inode);
+        self.commit(w)
+    }
+
+    /// `lseek` for `SEEK_DATA`/`SEEK_HOLE`, answered by the backing file.
+    pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> Result<i64> {
+        let h = self.handle(fh)?;
+        let w = match whence {
+            libc::SEEK_DATA => nix::unistd::Whence::SeekData,
+            libc::SEEK_HOLE => nix::unistd::Whence::SeekHole,
+            libc::SEEK_SET => nix::unistd::Whence::SeekSet,
+            libc::SEEK_END => nix::unistd::Whence::SeekEnd,
+            _ => return Err(CoreError::Invalid),
+        };
+        Ok(nix::unistd::lseek(&*h.file, offset, w).map_err(std::io::Error::from)?)
+    }
+}

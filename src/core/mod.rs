@@ -1,0 +1,416 @@
+//! The filesystem core: POSIX namespace semantics, SA xattr tiers, the
+//! always-current inode cache and group commit, independent of FUSE and of
+//! the engine.
+//!
+//! Every operation runs under the one `state` lock: it reads what it needs
+//! (inode cache first, then the store overlay, then the engine), builds its
+//! writes, updates the cache and hands the writes to the store as one unit,
+//! then returns. Durability is the store's business (group commit); only
+//! `fsync`-like calls and `sync` mounts wait for it.
+//!
+//! Lock order: `state` before `handles`; the store's own lock is innermost
+//! and is never held across a call back into the core.
+
+mod acl;
+pub mod creds;
+mod data;
+pub mod error;
+mod files;
+mod namespace;
+mod store;
+pub mod tiers;
+pub mod volume;
+mod xattr;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::num::NonZeroUsize;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use lru::LruCache;
+use parking_lot::Mutex;
+
+pub use creds::Ctx;
+pub use error::{CoreError, Result};
+pub use files::{Handle, OpenMode};
+pub use namespace::{DirEntry, RenameFlags, SetAttr, TimeSet};
+pub use store::Failure;
+
+use crate::format::inode::{Inode, Timestamp};
+use crate::format::keys;
+use crate::format::superblock::{Counters, Superblock};
+use crate::format::xattrs::XattrSet;
+use crate::meta::{MetaStore, Write};
+use data::DataStore;
+use store::Store;
+use volume::Layout;
+
+/// Readdir cookies 1 and 2 are "." and ".."; real entries start here.
+pub const FIRST_COOKIE: u64 = 3;
+
+/// Attributes as served to the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u64,
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub size: u64,
+    pub blocks: u64,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+    pub crtime: Timestamp,
+    pub generation: u64,
+}
+
+impl Attr {
+    fn of(ino: u64, i: &Inode) -> Self {
+        Attr {
+            ino,
+            mode: i.mode,
+            nlink: i.nlink,
+            uid: i.uid,
+            gid: i.gid,
+            rdev: i.rdev,
+            size: i.size,
+            blocks: i.blocks,
+            atime: i.atime,
+            mtime: i.mtime,
+            ctime: i.ctime,
+            crtime: i.crtime,
+            generation: i.generation,
+        }
+    }
+}
+
+pub struct Options {
+    /// Longest a metadata change waits before its batch is committed.
+    pub commit_interval: Duration,
+    /// Commit every operation before replying.
+    pub sync: bool,
+    /// Inodes kept decoded in memory.
+    pub inode_cache: usize,
+    pub read_only: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            commit_interval: Duration::from_millis(5),
+            sync: false,
+            inode_cache: 262_144,
+            read_only: false,
+        }
+    }
+}
+
+/// A decoded inode and, once read, its spill set.
+struct Cached {
+    inode: Inode,
+    /// `None` until first needed; then the spill record's set (empty if none).
+    spill: Option<XattrSet>,
+}
+
+/// Open state of one inode.
+#[derive(Default)]
+struct OpenInode {
+    handles: u32,
+    writers: u32,
+    /// A descriptor of the backing file while a writer has it open: the
+    /// source of size and mtime until the last writer closes.
+    backing: Option<Arc<File>>,
+}
+
+struct State {
+    /// Invariant: an entry is never older than the store's view of its key.
+    cache: LruCache<u64, Cached>,
+    counters: Counters,
+    /// The kernel's lookup count per inode (FUSE nlookup).
+    lookups: HashMap<u64, u64>,
+    open: HashMap<u64, OpenInode>,
+}
+
+pub struct Fs {
+    layout: Layout,
+    sb: Superblock,
+    store: Arc<Store>,
+    data: DataStore,
+    budget: usize,
+    opts: Options,
+    state: Mutex<State>,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    next_fh: AtomicU64,
+}
+
+impl Fs {
+    /// Opens the volume at `dir` on `engine`, reclaims inodes left unlinked
+    /// but open by a previous run, and reconciles files that were open for
+    /// writing when it stopped.
+    pub fn mount(dir: &Path, engine: Arc<dyn MetaStore>, sb: Superblock, opts: Options) -> Result<Self> {
+        let layout = Layout::new(dir);
+        let data = DataStore::new(&layout.data());
+        let counters = match engine.get(keys::COUNTERS)? {
+            Some(rec) => Counters::decode(&rec).map_err(|e| CoreError::corrupt(keys::COUNTERS, e))?,
+            None => return Err(CoreError::corrupt(keys::COUNTERS, crate::format::FormatError::Truncated(0))),
+        };
+        let store = Store::new(engine, opts.commit_interval);
+        let cap = NonZeroUsize::new(opts.inode_cache.max(16)).expect("non-zero");
+        let fs = Fs {
+            layout,
+            budget: sb.inline_bytes as usize,
+            sb,
+            store,
+            data,
+            opts,
+            state: Mutex::new(State {
+                cache: LruCache::new(cap),
+                counters,
+                lookups: HashMap::new(),
+                open: HashMap::new(),
+            }),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+        };
+        fs.recover()?;
+        Ok(fs)
+    }
+
+    pub fn superblock(&self) -> &Superblock {
+        &self.sb
+    }
+
+    pub fn volume_dir(&self) -> &Path {
+        &self.layout.root
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.opts.read_only
+    }
+
+    /// Makes every change so far durable.
+    pub fn sync(&self) -> Result<()> {
+        self.store.sync()
+    }
+
+    /// Flushes and stops the committer. The `Fs` must not be used after.
+    pub fn close(&self) -> Result<()> {
+        self.store.close()
+    }
+
+    /// Reclaims orphans and reconciles interrupted writers (mount time).
+    fn recover(&self) -> Result<()> {
+        let mut st = self.state.lock();
+        for prefix in [keys::P_ORPHAN, keys::P_WRITING] {
+            let (mut start, end) = keys::prefix_range(prefix);
+            loop {
+                let page = self.store.scan(&start, &end, 1024)?;
+                let Some((last, _)) = page.last() else { break };
+                start = last.clone();
+                start.push(0);
+                for (k, _) in &page {
+                    let ino = keys::key_ino(k).ok_or_else(|| {
+                        CoreError::corrupt(k, crate::format::FormatError::Malformed("short key"))
+                    })?;
+                    let mut w = Vec::new();
+                    if prefix == keys::P_WRITING {
+                        w.push((k.clone(), None));
+                        if let Some(c) = self.load_opt(&mut st, ino)? {
+                            let mut inode = c.inode.clone();
+                            self.reconcile(ino, &mut inode, None)?;
+                            self.put_inode(&mut st, &mut w, ino, inode);
+                        }
+                        self.store.apply(w);
+                    } else {
+                        tracing::info!(ino, "reclaiming inode unlinked while open");
+                        self.free_inode(&mut st, &mut w, ino)?;
+                        self.store.apply(w);
+                    }
+                }
+            }
+        }
+        drop(st);
+        self.store.sync()
+    }
+
+    // ---- helpers shared by the operation modules -------------------------
+
+    fn load_opt<'s>(&self, st: &'s mut State, ino: u64) -> Result<Option<&'s mut Cached>> {
+        if !st.cache.contains(&ino) {
+            let key = keys::inode(ino);
+            let Some(rec) = self.store.get(&key)? else {
+                return Ok(None);
+            };
+            let inode = Inode::decode(&key, &rec).map_err(|e| CoreError::corrupt(&key, e))?;
+            st.cache.put(ino, Cached { inode, spill: None });
+        }
+        Ok(st.cache.get_mut(&ino))
+    }
+
+    /// A copy of inode `ino`, or `NotFound`.
+    fn inode(&self, st: &mut State, ino: u64) -> Result<Inode> {
+        Ok(self.load(st, ino)?.inode.clone())
+    }
+
+    fn load<'s>(&self, st: &'s mut State, ino: u64) -> Result<&'s mut Cached> {
+        self.load_opt(st, ino)?.ok_or(CoreError::NotFound)
+    }
+
+    /// Records the new state of `ino` in the cache and in the batch `w`.
+    fn put_inode(&self, st: &mut State, w: &mut Vec<Write>, ino: u64, inode: Inode) {
+        let key = keys::inode(ino);
+        w.push((key.to_vec(), Some(inode.encode(&key))));
+        match st.cache.get_mut(&ino) {
+            Some(c) => c.inode = inode,
+            None => {
+                st.cache.put(ino, Cached { inode, spill: None });
+            }
+        }
+    }
+
+    fn put_counters(&self, st: &State, w: &mut Vec<Write>) {
+        w.push((keys::COUNTERS.to_vec(), Some(st.counters.encode())));
+    }
+
+    /// Hands one operation's writes to the store (and waits on `sync` mounts).
+    fn commit(&self, w: Vec<Write>) -> Result<()> {
+        if w.is_empty() {
+            return Ok(());
+        }
+        let seq = self.store.apply(w);
+        if self.opts.sync {
+            self.store.wait_durable(seq)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses changes that need space while the store cannot commit for
+    /// lack of it, and all changes on a read-only mount.
+    fn writable(&self) -> Result<()> {
+        if self.opts.read_only {
+            return Err(CoreError::ReadOnly);
+        }
+        if self.store.failure() == Some(Failure::NoSpace) {
+            return Err(CoreError::NoSpace);
+        }
+        Ok(())
+    }
+
+    /// Deletes every record of `ino` and its backing file.
+    fn free_inode(&self, st: &mut State, w: &mut Vec<Write>, ino: u64) -> Result<()> {
+        let inode = match self.load_opt(st, ino) {
+            Ok(Some(c)) => Some(c.inode.clone()),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::error!(ino, error = %e, "freeing an inode whose record is unreadable");
+                None
+            }
+        };
+        for key in [keys::inode(ino), keys::spill(ino), keys::symlink(ino), keys::orphan(ino), keys::writing(ino)] {
+            w.push((key.to_vec(), None));
+        }
+        if inode.as_ref().is_none_or(|i| i.overflow > 0) {
+            let (start, end) = keys::ino_range(keys::P_OVERFLOW, ino);
+            for (k, _) in self.store.scan(&start, &end, usize::MAX)? {
+                w.push((k, None));
+            }
+        }
+        if inode.as_ref().is_none_or(Inode::is_reg) {
+            self.data.remove(ino)?;
+        }
+        if inode.is_some() {
+            st.counters.inodes = st.counters.inodes.saturating_sub(1);
+            self.put_counters(st, w);
+        }
+        st.cache.pop(&ino);
+        st.lookups.remove(&ino);
+        Ok(())
+    }
+
+    /// Frees `ino` if nothing refers to it any more: no name, no open
+    /// handle, no kernel reference.
+    fn maybe_free(&self, st: &mut State, ino: u64) -> Result<()> {
+        if st.lookups.get(&ino).copied().unwrap_or(0) > 0 || st.open.contains_key(&ino) {
+            return Ok(());
+        }
+        let Some(c) = self.load_opt(st, ino)? else { return Ok(()) };
+        if c.inode.nlink > 0 {
+            return Ok(());
+        }
+        let mut w = Vec::new();
+        self.free_inode(st, &mut w, ino)?;
+        self.commit(w)
+    }
+
+    /// The kernel now holds one more reference to `ino`.
+    pub fn note_lookup(&self, ino: u64) {
+        *self.state.lock().lookups.entry(ino).or_insert(0) += 1;
+    }
+
+    /// FUSE `forget`: the kernel dropped `n` references to `ino`.
+    pub fn forget(&self, ino: u64, n: u64) {
+        let mut st = self.state.lock();
+        let left = match st.lookups.get_mut(&ino) {
+            Some(c) => {
+                *c = c.saturating_sub(n);
+                *c
+            }
+            None => return,
+        };
+        if left == 0 {
+            st.lookups.remove(&ino);
+            if let Err(e) = self.maybe_free(&mut st, ino) {
+                tracing::error!(ino, error = %e, "could not free forgotten inode");
+            }
+        }
+    }
+
+    /// Brings a regular file's size, blocks and mtime up to date from its
+    /// backing file (`file` if open, else looked up by inode number).
+    fn reconcile(&self, ino: u64, inode: &mut Inode, file: Option<&File>) -> Result<()> {
+        if !inode.is_reg() {
+            return Ok(());
+        }
+        let meta = match file {
+            Some(f) => Some(f.metadata()?),
+            None => self.data.stat(ino)?,
+        };
+        if let Some(meta) = meta {
+            apply_backing(inode, &meta);
+        }
+        Ok(())
+    }
+}
+
+/// Size, blocks and (if newer) mtime/ctime from a backing file's metadata.
+fn apply_backing(inode: &mut Inode, meta: &std::fs::Metadata) {
+    use std::os::unix::fs::MetadataExt;
+    inode.size = meta.size();
+    inode.blocks = meta.blocks();
+    let mtime = Timestamp {
+        sec: meta.mtime(),
+        nsec: meta.mtime_nsec() as u32,
+    };
+    if mtime > inode.mtime {
+        inode.mtime = mtime;
+        if mtime > inode.ctime {
+            inode.ctime = mtime;
+        }
+    }
+}
+
+/// Checks a name for a new or looked-up entry.
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > crate::format::NAME_MAX {
+        return Err(CoreError::NameTooLong);
+    }
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0) {
+        return Err(CoreError::Invalid);
+    }
+    Ok(())
+}

@@ -1,0 +1,654 @@
+//! Namespace operations: lookup, create, link, unlink, rename, readdir,
+//! attributes.
+//!
+//! Directory entries are two records written together: `D parent name` for
+//! lookup and `C parent cookie` for readdir. Cookies come from the parent's
+//! `next_cookie` and are never reused within a directory, so a readdir that
+//! resumes from cookie `c` sees every entry that existed throughout exactly
+//! once, however the directory changed meanwhile.
+
+use std::collections::HashMap;
+
+use super::tiers;
+use super::{Attr, CoreError, Ctx, FIRST_COOKIE, Fs, Result, State, acl, check_name};
+use crate::format::dirent::{Dirent, IndexEntry, encode_symlink, encode_marker, decode_symlink};
+use crate::format::inode::{Inode, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, Timestamp};
+use crate::format::keys;
+use crate::format::xattrs::XattrSet;
+use crate::meta::Write;
+
+/// One directory entry as readdir returns it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub cookie: u64,
+    pub ino: u64,
+    pub kind: u8,
+    pub name: Vec<u8>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RenameFlags {
+    pub noreplace: bool,
+    pub exchange: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum TimeSet {
+    Now,
+    At(Timestamp),
+}
+
+/// The fields a `setattr` changes; `None` leaves one alone.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<TimeSet>,
+    pub mtime: Option<TimeSet>,
+    pub ctime: Option<Timestamp>,
+    pub fh: Option<u64>,
+}
+
+/// Inodes an operation touches, loaded once and written once at the end, so
+/// that aliases (same parent twice, a directory and its parent) are safe.
+struct Work {
+    inodes: HashMap<u64, Inode>,
+    dirty: Vec<u64>,
+    writes: Vec<Write>,
+}
+
+impl Work {
+    fn new() -> Self {
+        Work {
+            inodes: HashMap::new(),
+            dirty: Vec::new(),
+            writes: Vec::new(),
+        }
+    }
+}
+
+impl Fs {
+    fn w_get<'w>(&self, st: &mut State, work: &'w mut Work, ino: u64) -> Result<&'w mut Inode> {
+        if !work.inodes.contains_key(&ino) {
+            let inode = self.inode(st, ino)?;
+            work.inodes.insert(ino, inode);
+        }
+        if !work.dirty.contains(&ino) {
+            work.dirty.push(ino);
+        }
+        Ok(work.inodes.get_mut(&ino).expect("just inserted"))
+    }
+
+    fn w_finish(&self, st: &mut State, mut work: Work) -> Result<()> {
+        for ino in std::mem::take(&mut work.dirty) {
+            let inode = work.inodes.remove(&ino).expect("dirty inode loaded");
+            self.put_inode(st, &mut work.writes, ino, inode);
+        }
+        self.commit(work.writes)
+    }
+
+    fn dirent(&self, parent: u64, name: &[u8]) -> Result<Option<Dirent>> {
+        let key = keys::dirent(parent, name);
+        match self.store.get(&key)? {
+            Some(rec) => Ok(Some(Dirent::decode(&key, &rec).map_err(|e| CoreError::corrupt(&key, e))?)),
+            None => Ok(None),
+        }
+    }
+
+    fn add_entry(&self, work: &mut Work, parent: &mut Inode, parent_ino: u64, name: &[u8], ino: u64, kind: u8) {
+        let cookie = parent.next_cookie.max(FIRST_COOKIE);
+        parent.next_cookie = cookie + 1;
+        let dk = keys::dirent(parent_ino, name);
+        let d = Dirent { ino, kind, cookie };
+        work.writes.push((dk.clone(), Some(d.encode(&dk))));
+        let ck = keys::dir_index(parent_ino, cookie);
+        let e = IndexEntry {
+            ino,
+            kind,
+            name: name.to_vec(),
+        };
+        work.writes.push((ck.to_vec(), Some(e.encode(&ck))));
+    }
+
+    fn remove_entry(&self, work: &mut Work, parent_ino: u64, name: &[u8], d: &Dirent) {
+        work.writes.push((keys::dirent(parent_ino, name), None));
+        work.writes.push((keys::dir_index(parent_ino, d.cookie).to_vec(), None));
+    }
+
+    fn dir_is_empty(&self, ino: u64) -> Result<bool> {
+        let (start, end) = keys::ino_range(keys::P_DIRINDEX, ino);
+        Ok(self.store.scan(&start, &end, 1)?.is_empty())
+    }
+
+    /// Drops one link of `ino` (an entry naming it was removed). A directory
+    /// loses both its links. Unreferenced inodes become orphans until the
+    /// kernel forgets them and every handle is closed.
+    fn drop_link(&self, st: &mut State, work: &mut Work, ino: u64, now: Timestamp) -> Result<()> {
+        let inode = self.w_get(st, work, ino)?;
+        inode.nlink = if inode.is_dir() { 0 } else { inode.nlink.saturating_sub(1) };
+        inode.ctime = now;
+        if inode.nlink == 0 {
+            let k = keys::orphan(ino);
+            work.writes.push((k.to_vec(), Some(encode_marker(&k))));
+        }
+        Ok(())
+    }
+
+    // ---- lookups and attributes ------------------------------------------
+
+    /// Looks `name` up in `parent`; counts a kernel reference on success.
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        if name.len() > crate::format::NAME_MAX {
+            return Err(CoreError::NameTooLong);
+        }
+        let mut st = self.state.lock();
+        let p = self.inode(&mut st, parent)?;
+        if !p.is_dir() {
+            return Err(CoreError::NotDir);
+        }
+        let ino = match name {
+            b"." => parent,
+            b".." => p.parent,
+            _ => self.dirent(parent, name)?.ok_or(CoreError::NotFound)?.ino,
+        };
+        let attr = self.attr_locked(&mut st, ino)?;
+        *st.lookups.entry(ino).or_insert(0) += 1;
+        Ok(attr)
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        let mut st = self.state.lock();
+        self.attr_locked(&mut st, ino)
+    }
+
+    pub(super) fn attr_locked(&self, st: &mut State, ino: u64) -> Result<Attr> {
+        let backing = st.open.get(&ino).and_then(|o| o.backing.clone());
+        let c = self.load(st, ino)?;
+        match backing {
+            // A writer has it open: the backing file has the current size.
+            Some(f) => {
+                let mut inode = c.inode.clone();
+                self.reconcile(ino, &mut inode, Some(&f))?;
+                Ok(Attr::of(ino, &inode))
+            }
+            None => Ok(Attr::of(ino, &c.inode)),
+        }
+    }
+
+    pub fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr) -> Result<Attr> {
+        self.writable()?;
+        let _ = ctx;
+        let mut st = self.state.lock();
+        let mut inode = self.inode(&mut st, ino)?;
+        let now = Timestamp::now();
+        let mut w = Vec::new();
+        if let Some(size) = set.size {
+            if inode.is_dir() {
+                return Err(CoreError::IsDir);
+            }
+            if !inode.is_reg() {
+                return Err(CoreError::Invalid);
+            }
+            let open = st.open.get(&ino).and_then(|o| o.backing.clone());
+            let file = match open {
+                Some(f) => f,
+                None => std::sync::Arc::new(self.data.open(ino)?),
+            };
+            file.set_len(size)?;
+            inode.size = size;
+            self.reconcile(ino, &mut inode, Some(&file))?;
+            inode.size = size;
+            inode.mtime = now;
+            inode.ctime = now;
+        }
+        if let Some(mode) = set.mode {
+            inode.mode = (inode.mode & S_IFMT) | (mode & 0o7777);
+            // Keep an access ACL in step with the new mode (posix_acl_chmod).
+            if let Some(a) = self.xattr_get_locked(&mut st, ino, acl::ACCESS)? {
+                if let Some(new) = acl::chmod(&a, mode) {
+                    self.xattr_store(&mut st, &mut w, ino, &mut inode, None, acl::ACCESS, Some(new))?;
+                }
+            }
+        }
+        if let Some(uid) = set.uid {
+            inode.uid = uid;
+        }
+        if let Some(gid) = set.gid {
+            inode.gid = gid;
+        }
+        let stamp = |t: TimeSet| match t {
+            TimeSet::Now => now,
+            TimeSet::At(t) => t,
+        };
+        if let Some(t) = set.atime {
+            inode.atime = stamp(t);
+        }
+        if let Some(t) = set.mtime {
+            inode.mtime = stamp(t);
+            if inode.is_reg() {
+                // Keep the backing file's mtime from overriding an explicit
+                // (possibly older) time while writers are open.
+                self.set_backing_mtime(&st, ino, inode.mtime);
+            }
+        }
+        inode.ctime = set.ctime.unwrap_or(now);
+        self.put_inode(&mut st, &mut w, ino, inode);
+        self.commit(w)?;
+        self.attr_locked(&mut st, ino)
+    }
+
+    fn set_backing_mtime(&self, st: &State, ino: u64, t: Timestamp) {
+        if let Some(f) = st.open.get(&ino).and_then(|o| o.backing.clone()) {
+            let ts = nix::sys::time::TimeSpec::new(t.sec, i64::from(t.nsec));
+            let omit = nix::sys::time::TimeSpec::UTIME_OMIT;
+            let _ = nix::sys::stat::futimens(&*f, &omit, &ts);
+        }
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        let mut st = self.state.lock();
+        if !self.inode(&mut st, ino)?.is_symlink() {
+            return Err(CoreError::Invalid);
+        }
+        let key = keys::symlink(ino);
+        let rec = self.store.get(&key)?.ok_or_else(|| {
+            CoreError::corrupt(&key, crate::format::FormatError::Malformed("symlink without target"))
+        })?;
+        decode_symlink(&key, &rec).map_err(|e| CoreError::corrupt(&key, e))
+    }
+
+    // ---- creation -----------------------------------------------------------
+
+    /// Creates an inode of `mode` (type and permissions) named `name` in
+    /// `parent`: mknod, mkdir, symlink and create all come here.
+    pub fn make_node(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        target: Option<&[u8]>,
+    ) -> Result<Attr> {
+        self.writable()?;
+        check_name(name)?;
+        if let Some(t) = target {
+            if t.is_empty() {
+                return Err(CoreError::NotFound);
+            }
+            if t.len() > crate::format::SYMLINK_MAX {
+                return Err(CoreError::NameTooLong);
+            }
+        }
+        let mut st = self.state.lock();
+        let mut work = Work::new();
+        let p = self.w_get(&mut st, &mut work, parent)?.clone();
+        if !p.is_dir() {
+            return Err(CoreError::NotDir);
+        }
+        if p.nlink == 0 {
+            return Err(CoreError::NotFound);
+        }
+        if self.dirent(parent, name)?.is_some() {
+            return Err(CoreError::Exists);
+        }
+        let ftype = mode & S_IFMT;
+        let is_dir = ftype == S_IFDIR;
+        let now = Timestamp::now();
+        let gid = if p.mode & libc::S_ISGID != 0 { p.gid } else { ctx.gid };
+        let mut perm = mode & 0o7777;
+        let mut inline = XattrSet::new();
+        let mut spill = XattrSet::new();
+        if ftype == S_IFLNK {
+            perm = 0o777;
+        } else {
+            let inherited = match self.xattr_get_locked(&mut st, parent, acl::DEFAULT)? {
+                Some(d) => acl::inherit(&d, perm, is_dir),
+                None => None,
+            };
+            match inherited {
+                Some(inh) => {
+                    perm = inh.mode & 0o7777;
+                    for (n, v) in [(acl::ACCESS, inh.access), (acl::DEFAULT, inh.default)] {
+                        if let Some(v) = v {
+                            tiers::set(&mut inline, &mut spill, false, self.budget, n, v);
+                        }
+                    }
+                }
+                None => perm &= !(umask & 0o777),
+            }
+            if is_dir && p.mode & libc::S_ISGID != 0 {
+                perm |= libc::S_ISGID;
+            } else if !is_dir
+                && perm & libc::S_ISGID != 0
+                && !ctx.in_group(gid)
+                && !ctx.has_cap(super::creds::CAP_FSETID)
+            {
+                perm &= !libc::S_ISGID;
+            }
+        }
+        let ino = st.counters.next_ino;
+        st.counters.next_ino += 1;
+        st.counters.inodes += 1;
+        let inode = Inode {
+            mode: ftype | perm,
+            uid: ctx.uid,
+            gid,
+            nlink: if is_dir { 2 } else { 1 },
+            rdev,
+            flags: 0,
+            size: target.map_or(0, |t| t.len() as u64),
+            blocks: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            crtime: now,
+            generation: 1,
+            parent: if is_dir { parent } else { 0 },
+            next_cookie: if is_dir { FIRST_COOKIE } else { 0 },
+            spill_len: if spill.is_empty() { 0 } else { spill.packed_len() as u32 },
+            overflow: 0,
+            inline,
+        };
+        if !spill.is_empty() {
+            let k = keys::spill(ino);
+            work.writes.push((k.to_vec(), Some(crate::format::envelope::seal(&k, crate::format::envelope::Kind::Spill, &spill.encode()))));
+        }
+        if let Some(t) = target {
+            let k = keys::symlink(ino);
+            work.writes.push((k.to_vec(), Some(encode_symlink(&k, t))));
+        }
+        let kind = inode.dtype();
+        {
+            let p = self.w_get(&mut st, &mut work, parent)?;
+            let mut pc = p.clone();
+            self.add_entry(&mut work, &mut pc, parent, name, ino, kind);
+            if is_dir {
+                pc.nlink += 1;
+            }
+            pc.mtime = now;
+            pc.ctime = now;
+            work.inodes.insert(parent, pc);
+        }
+        work.inodes.insert(ino, inode);
+        work.dirty.push(ino);
+        self.put_counters(&st, &mut work.writes);
+        self.w_finish(&mut st, work)?;
+        if !spill.is_empty() {
+            if let Some(c) = st.cache.get_mut(&ino) {
+                c.spill = Some(spill);
+            }
+        }
+        let attr = self.attr_locked(&mut st, ino)?;
+        *st.lookups.entry(ino).or_insert(0) += 1;
+        Ok(attr)
+    }
+
+    pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
+        self.writable()?;
+        check_name(newname)?;
+        let mut st = self.state.lock();
+        let mut work = Work::new();
+        let target = self.w_get(&mut st, &mut work, ino)?.clone();
+        if target.is_dir() {
+            return Err(CoreError::Perm);
+        }
+        if target.nlink == 0 {
+            return Err(CoreError::NotFound);
+        }
+        if target.nlink >= 65_000 {
+            return Err(CoreError::TooManyLinks);
+        }
+        let p = self.w_get(&mut st, &mut work, newparent)?.clone();
+        if !p.is_dir() {
+            return Err(CoreError::NotDir);
+        }
+        if p.nlink == 0 {
+            return Err(CoreError::NotFound);
+        }
+        if self.dirent(newparent, newname)?.is_some() {
+            return Err(CoreError::Exists);
+        }
+        let now = Timestamp::now();
+        let mut pc = p;
+        self.add_entry(&mut work, &mut pc, newparent, newname, ino, target.dtype());
+        pc.mtime = now;
+        pc.ctime = now;
+        work.inodes.insert(newparent, pc);
+        let t = self.w_get(&mut st, &mut work, ino)?;
+        t.nlink += 1;
+        t.ctime = now;
+        self.w_finish(&mut st, work)?;
+        let attr = self.attr_locked(&mut st, ino)?;
+        *st.lookups.entry(ino).or_insert(0) += 1;
+        Ok(attr)
+    }
+
+    // ---- removal ------------------------------------------------------------
+
+    pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.remove(parent, name, false)
+    }
+
+    pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
+        if name == b"." {
+            return Err(CoreError::Invalid);
+        }
+        if name == b".." {
+            return Err(CoreError::NotEmpty);
+        }
+        self.remove(parent, name, true)
+    }
+
+    fn remove(&self, parent: u64, name: &[u8], dir: bool) -> Result<()> {
+        if self.opts.read_only {
+            return Err(CoreError::ReadOnly);
+        }
+        if name.len() > crate::format::NAME_MAX {
+            return Err(CoreError::NameTooLong);
+        }
+        let mut st = self.state.lock();
+        let mut work = Work::new();
+        if !self.w_get(&mut st, &mut work, parent)?.is_dir() {
+            return Err(CoreError::NotDir);
+        }
+        let d = self.dirent(parent, name)?.ok_or(CoreError::NotFound)?;
+        let child_is_dir = u32::from(d.kind) << 12 == S_IFDIR;
+        match (dir, child_is_dir) {
+            (true, false) => return Err(CoreError::NotDir),
+            (false, true) => return Err(CoreError::IsDir),
+            _ => {}
+        }
+        if dir && !self.dir_is_empty(d.ino)? {
+            return Err(CoreError::NotEmpty);
+        }
+        let now = Timestamp::now();
+        self.remove_entry(&mut work, parent, name, &d);
+        let p = self.w_get(&mut st, &mut work, parent)?;
+        if dir {
+            p.nlink = p.nlink.saturating_sub(1);
+        }
+        p.mtime = now;
+        p.ctime = now;
+        self.drop_link(&mut st, &mut work, d.ino, now)?;
+        self.w_finish(&mut st, work)?;
+        self.maybe_free(&mut st, d.ino)
+    }
+
+    pub fn rename(&self, parent: u64, name: &[u8], newparent: u64, newname: &[u8], flags: RenameFlags) -> Result<()> {
+        self.writable()?;
+        check_name(newname)?;
+        if name.len() > crate::format::NAME_MAX {
+            return Err(CoreError::NameTooLong);
+        }
+        if flags.exchange && flags.noreplace {
+            return Err(CoreError::Invalid);
+        }
+        let mut st = self.state.lock();
+        let mut work = Work::new();
+        for p in [parent, newparent] {
+            if !self.w_get(&mut st, &mut work, p)?.is_dir() {
+                return Err(CoreError::NotDir);
+            }
+        }
+        let src = self.dirent(parent, name)?.ok_or(CoreError::NotFound)?;
+        let dst = self.dirent(newparent, newname)?;
+        let is_dir = |k: u8| u32::from(k) << 12 == S_IFDIR;
+        let now = Timestamp::now();
+        if flags.exchange {
+            let dst = dst.clone().ok_or(CoreError::NotFound)?;
+            if src.ino == dst.ino {
+                return Ok(());
+            }
+            self.remove_entry(&mut work, parent, name, &src);
+            self.remove_entry(&mut work, newparent, newname, &dst);
+            let mut p = self.w_get(&mut st, &mut work, parent)?.clone();
+            self.add_entry(&mut work, &mut p, parent, name, dst.ino, dst.kind);
+            work.inodes.insert(parent, p);
+            let mut np = self.w_get(&mut st, &mut work, newparent)?.clone();
+            self.add_entry(&mut work, &mut np, newparent, newname, src.ino, src.kind);
+            work.inodes.insert(newparent, np);
+            if parent != newparent {
+                let delta = i64::from(is_dir(src.kind)) - i64::from(is_dir(dst.kind));
+                let p = self.w_get(&mut st, &mut work, parent)?;
+                p.nlink = (i64::from(p.nlink) - delta) as u32;
+                let np = self.w_get(&mut st, &mut work, newparent)?;
+                np.nlink = (i64::from(np.nlink) + delta) as u32;
+            }
+            for (ino, new_parent) in [(src.ino, newparent), (dst.ino, parent)] {
+                let i = self.w_get(&mut st, &mut work, ino)?;
+                i.ctime = now;
+                if i.is_dir() {
+                    i.parent = new_parent;
+                }
+            }
+        } else {
+            if let Some(dst) = &dst {
+                if flags.noreplace {
+                    return Err(CoreError::Exists);
+                }
+                if dst.ino == src.ino {
+                    return Ok(());
+                }
+                match (is_dir(src.kind), is_dir(dst.kind)) {
+                    (true, false) => return Err(CoreError::NotDir),
+                    (false, true) => return Err(CoreError::IsDir),
+                    (true, true) if !self.dir_is_empty(dst.ino)? => return Err(CoreError::NotEmpty),
+                    _ => {}
+                }
+                self.remove_entry(&mut work, newparent, newname, dst);
+                if is_dir(dst.kind) {
+                    let np = self.w_get(&mut st, &mut work, newparent)?;
+                    np.nlink = np.nlink.saturating_sub(1);
+                }
+                self.drop_link(&mut st, &mut work, dst.ino, now)?;
+            }
+            self.remove_entry(&mut work, parent, name, &src);
+            let mut np = self.w_get(&mut st, &mut work, newparent)?.clone();
+            self.add_entry(&mut work, &mut np, newparent, newname, src.ino, src.kind);
+            work.inodes.insert(newparent, np);
+            if is_dir(src.kind) && parent != newparent {
+                let p = self.w_get(&mut st, &mut work, parent)?;
+                p.nlink = p.nlink.saturating_sub(1);
+                let np = self.w_get(&mut st, &mut work, newparent)?;
+                np.nlink += 1;
+            }
+            let i = self.w_get(&mut st, &mut work, src.ino)?;
+            i.ctime = now;
+            if i.is_dir() {
+                i.parent = newparent;
+            }
+        }
+        for p in [parent, newparent] {
+            let p = self.w_get(&mut st, &mut work, p)?;
+            p.mtime = now;
+            p.ctime = now;
+        }
+        self.w_finish(&mut st, work)?;
+        if let Some(dst) = dst {
+            if !flags.exchange {
+                self.maybe_free(&mut st, dst.ino)?;
+            }
+        }
+        Ok(())
+    }
+
+    // ---- listing ------------------------------------------------------------
+
+    /// Up to `limit` entries after `offset` (a cookie; 0 = from the start),
+    /// "." and ".." first.
+    pub fn readdir(&self, ino: u64, offset: u64, limit: usize) -> Result<Vec<DirEntry>> {
+        let dir = {
+            let mut st = self.state.lock();
+            self.inode(&mut st, ino)?
+        };
+        if !dir.is_dir() {
+            return Err(CoreError::NotDir);
+        }
+        let mut out = Vec::with_capacity(limit.min(1024));
+        let dtype = (S_IFDIR >> 12) as u8;
+        if offset < 1 {
+            out.push(DirEntry { cookie: 1, ino, kind: dtype, name: b".".to_vec() });
+        }
+        if offset < 2 {
+            out.push(DirEntry { cookie: 2, ino: dir.parent, kind: dtype, name: b"..".to_vec() });
+        }
+        let start = keys::dir_index(ino, offset.max(2) + 1);
+        let (_, end) = keys::ino_range(keys::P_DIRINDEX, ino);
+        let want = limit.saturating_sub(out.len());
+        for (k, v) in self.store.scan(&start, &end, want)? {
+            let e = IndexEntry::decode(&k, &v).map_err(|e| CoreError::corrupt(&k, e))?;
+            let cookie = keys::key_cookie(&k).unwrap_or(0);
+            out.push(DirEntry { cookie, ino: e.ino, kind: e.kind, name: e.name });
+        }
+        Ok(out)
+    }
+
+    /// Attributes for a readdirplus entry, without counting a reference
+    /// (the adapter calls [`Fs::note_lookup`] for entries it sends).
+    pub fn entry_attr(&self, ino: u64) -> Result<Attr> {
+        let mut st = self.state.lock();
+        self.attr_locked(&mut st, ino)
+    }
+
+    pub fn statfs(&self) -> Result<Statfs> {
+        let vfs = nix::sys::statvfs::statvfs(self.layout.root.as_path())
+            .map_err(std::io::Error::from)?;
+        let inodes = self.state.lock().counters.inodes;
+        let bsize = vfs.fragment_size().max(512);
+        let bavail = vfs.blocks_available();
+        let ffree = bavail.saturating_mul(bsize) / 1024;
+        Ok(Statfs {
+            blocks: vfs.blocks(),
+            bfree: vfs.blocks_free(),
+            bavail,
+            files: inodes + ffree,
+            ffree,
+            bsize: bsize as u32,
+            namelen: crate::format::NAME_MAX as u32,
+        })
+    }
+
+    /// Inode type bits of `ino`.
+    pub fn kind(&self, ino: u64) -> Result<u32> {
+        let mut st = self.state.lock();
+        Ok(self.inode(&mut st, ino)?.mode & S_IFMT)
+    }
+
+    pub fn is_regular(&self, ino: u64) -> Result<bool> {
+        Ok(self.kind(ino)? == S_IFREG)
+    }
+}
+
+pub struct Statfs {
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+    pub namelen: u32,
+}

@@ -1,0 +1,299 @@
+//! The volume directory: layout, `format`, opening, and the one-daemon lock.
+//!
+//! ```text
+//! <volume>/meta/     the metadata engine (LMDB: data.mdb, lock.mdb)
+//! <volume>/data/xx/  backing files of regular files, fanned out by inode
+//! <volume>/lock      flock()ed by the daemon serving the volume; holds its pid
+//! <volume>/safs.log  the daemon's log when it runs in the background
+//! ```
+//! Everything is created 0700/0600: file contents and xattrs are readable
+//! only through the mount, where permissions are enforced.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, Write as _};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use crate::format::inode::{Inode, S_IFDIR, Timestamp};
+use crate::format::keys;
+use crate::format::superblock::{Counters, Superblock};
+use crate::format::xattrs::XattrSet;
+use crate::format::{FORMAT_VERSION, FormatError};
+use crate::meta::{LmdbStore, MetaError, MetaStore};
+
+pub const DEFAULT_INLINE_BYTES: u32 = 320;
+pub const MAX_INLINE_BYTES: u32 = 16_384;
+pub const ROOT_INO: u64 = 1;
+/// Feature bits this build understands (none yet).
+pub const KNOWN_FEATURES: u64 = 0;
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum VolumeError {
+    #[error("{0} is not empty (use --force to format it anyway)")]
+    NotEmpty(PathBuf),
+    #[error("{0} already holds a safs volume (use --force to replace it)")]
+    AlreadyFormatted(PathBuf),
+    #[error("inline xattr budget {0} is out of range (0..={MAX_INLINE_BYTES} bytes)")]
+    BadBudget(u32),
+    #[error("{0} is not a safs volume (no metadata store in it)")]
+    NotAVolume(PathBuf),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("volume metadata: {0}")]
+    Meta(#[from] MetaError),
+    #[error("volume superblock is corrupt: {0}")]
+    CorruptSuperblock(FormatError),
+    #[error("volume has no superblock (not a safs volume, or formatting was interrupted)")]
+    NoSuperblock,
+    #[error("volume format version {found} is newer than this safs understands ({FORMAT_VERSION}); upgrade safs")]
+    NewerFormat { found: u32 },
+    #[error("volume uses features this safs does not know ({0:#x}); upgrade safs")]
+    UnknownFeatures(u64),
+    #[error("volume is already mounted (daemon pid {0})")]
+    Busy(String),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> VolumeError + '_ {
+    move |source| VolumeError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+pub struct Layout {
+    pub root: PathBuf,
+}
+
+impl Layout {
+    pub fn new(root: &Path) -> Self {
+        Layout {
+            root: root.to_path_buf(),
+        }
+    }
+    pub fn meta(&self) -> PathBuf {
+        self.root.join("meta")
+    }
+    pub fn data(&self) -> PathBuf {
+        self.root.join("data")
+    }
+    pub fn lock(&self) -> PathBuf {
+        self.root.join("lock")
+    }
+    pub fn log(&self) -> PathBuf {
+        self.root.join("safs.log")
+    }
+    pub fn is_volume(&self) -> bool {
+        self.meta().join("data.mdb").exists()
+    }
+}
+
+pub struct FormatOptions {
+    pub inline_bytes: u32,
+    pub force: bool,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Creates a volume in `dir`. On failure nothing is left behind that was
+/// not there before.
+pub fn format(dir: &Path, opts: &FormatOptions) -> Result<Superblock, VolumeError> {
+    if opts.inline_bytes > MAX_INLINE_BYTES {
+        return Err(VolumeError::BadBudget(opts.inline_bytes));
+    }
+    let layout = Layout::new(dir);
+    let created_dir = !dir.exists();
+    if created_dir {
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(dir)
+            .map_err(io_err(dir))?;
+    } else {
+        let meta = fs::metadata(dir).map_err(io_err(dir))?;
+        if !meta.is_dir() {
+            return Err(VolumeError::Io {
+                path: dir.to_path_buf(),
+                source: std::io::Error::from_raw_os_error(libc::ENOTDIR),
+            });
+        }
+        let non_empty = fs::read_dir(dir).map_err(io_err(dir))?.next().is_some();
+        if non_empty && !opts.force {
+            return Err(if layout.is_volume() {
+                VolumeError::AlreadyFormatted(dir.to_path_buf())
+            } else {
+                VolumeError::NotEmpty(dir.to_path_buf())
+            });
+        }
+        if non_empty {
+            // --force: refuse to clobber a mounted volume.
+            let _lock = VolumeLock::acquire(&layout)?;
+            for sub in [layout.meta(), layout.data()] {
+                if sub.exists() {
+                    fs::remove_dir_all(&sub).map_err(io_err(&sub))?;
+                }
+            }
+        }
+    }
+    let result = write_new_volume(&layout, opts);
+    if result.is_err() {
+        let _ = fs::remove_dir_all(layout.meta());
+        let _ = fs::remove_dir_all(layout.data());
+        let _ = fs::remove_file(layout.lock());
+        if created_dir {
+            let _ = fs::remove_dir(dir);
+        }
+    }
+    result
+}
+
+fn write_new_volume(layout: &Layout, opts: &FormatOptions) -> Result<Superblock, VolumeError> {
+    let data = layout.data();
+    let mut b = fs::DirBuilder::new();
+    b.mode(0o700);
+    b.create(&data).map_err(io_err(&data))?;
+    for i in 0..256 {
+        let sub = data.join(format!("{i:02x}"));
+        b.create(&sub).map_err(io_err(&sub))?;
+    }
+    let meta = layout.meta();
+    b.create(&meta).map_err(io_err(&meta))?;
+    let store = LmdbStore::open(&meta)?;
+    let now = Timestamp::now();
+    let sb = Superblock {
+        format_version: FORMAT_VERSION,
+        uuid: *uuid::Uuid::new_v4().as_bytes(),
+        inline_bytes: opts.inline_bytes,
+        features: 0,
+        created_ns: now.as_nanos() as i64,
+    };
+    let root = Inode {
+        mode: S_IFDIR | 0o755,
+        uid: opts.uid,
+        gid: opts.gid,
+        nlink: 2,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        crtime: now,
+        generation: 1,
+        parent: ROOT_INO,
+        next_cookie: crate::core::FIRST_COOKIE,
+        inline: XattrSet::new(),
+        ..Default::default()
+    };
+    let counters = Counters {
+        next_ino: ROOT_INO + 1,
+        inodes: 1,
+    };
+    let rk = keys::inode(ROOT_INO);
+    store.commit(&[
+        (keys::SUPERBLOCK.to_vec(), Some(sb.encode())),
+        (keys::COUNTERS.to_vec(), Some(counters.encode())),
+        (rk.to_vec(), Some(root.encode(&rk))),
+    ])?;
+    for f in ["data.mdb", "lock.mdb"] {
+        let p = meta.join(f);
+        if p.exists() {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).map_err(io_err(&p))?;
+        }
+    }
+    Ok(sb)
+}
+
+/// Reads and checks the superblock.
+pub fn read_superblock(store: &dyn MetaStore) -> Result<Superblock, VolumeError> {
+    let rec = store.get(keys::SUPERBLOCK)?.ok_or(VolumeError::NoSuperblock)?;
+    let sb = Superblock::decode(&rec).map_err(VolumeError::CorruptSuperblock)?;
+    if sb.format_version > FORMAT_VERSION {
+        return Err(VolumeError::NewerFormat {
+            found: sb.format_version,
+        });
+    }
+    if sb.features & !KNOWN_FEATURES != 0 {
+        return Err(VolumeError::UnknownFeatures(sb.features & !KNOWN_FEATURES));
+    }
+    Ok(sb)
+}
+
+/// Opens a volume's metadata engine after checking it is one.
+pub fn open_store(dir: &Path) -> Result<(Arc<LmdbStore>, Superblock), VolumeError> {
+    let layout = Layout::new(dir);
+    if !dir.is_dir() {
+        return Err(VolumeError::Io {
+            path: dir.to_path_buf(),
+            source: std::io::Error::from_raw_os_error(libc::ENOENT),
+        });
+    }
+    if !layout.is_volume() {
+        return Err(VolumeError::NotAVolume(dir.to_path_buf()));
+    }
+    let store = Arc::new(LmdbStore::open(&layout.meta())?);
+    let sb = read_superblock(store.as_ref())?;
+    Ok((store, sb))
+}
+
+/// The exclusive lock held by the one daemon serving a volume. Released by
+/// the kernel when the process exits, however it exits.
+pub struct VolumeLock {
+    file: File,
+}
+
+impl VolumeLock {
+    pub fn acquire(layout: &Layout) -> Result<Self, VolumeError> {
+        let path = layout.lock();
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        match nix::fcntl::Flock::lock(
+            file.try_clone().map_err(io_err(&path))?,
+            nix::fcntl::FlockArg::LockExclusiveNonblock,
+        ) {
+            Ok(locked) => {
+                // Keep the lock alive for as long as `file` lives: the
+                // duplicated descriptor shares the open file description.
+                std::mem::forget(locked);
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                let mut pid = String::new();
+                let _ = file.read_to_string(&mut pid);
+                return Err(VolumeError::Busy(pid.trim().to_string()));
+            }
+            Err((_, e)) => {
+                return Err(VolumeError::Io {
+                    path,
+                    source: std::io::Error::from(e),
+                });
+            }
+        }
+        file.set_len(0).map_err(io_err(&path))?;
+        file.rewind().map_err(io_err(&path))?;
+        let _ = writeln!(file, "{}", std::process::id());
+        Ok(VolumeLock { file })
+    }
+
+    /// Whether some process holds the lock of the volume at `dir`.
+    pub fn is_held(dir: &Path) -> bool {
+        let Ok(file) = File::open(Layout::new(dir).lock()) else {
+            return false;
+        };
+        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockSharedNonblock).is_err()
+    }
+}
+
+impl Drop for VolumeLock {
+    fn drop(&mut self) {
+        let _ = self.file.set_len(0);
+    }
+}

@@ -1,0 +1,245 @@
+//! Extended attribute operations over the tiers in [`super::tiers`].
+//!
+//! Namespaces as Linux has them: `user.`, `trusted.` (the kernel checks
+//! CAP_SYS_ADMIN; we hide the names from others in listings), `security.`,
+//! and the two POSIX ACL names under `system.` (validated and cached by the
+//! kernel under `FUSE_POSIX_ACL`). Anything else is `EOPNOTSUPP`.
+
+use super::tiers::{self, Tier};
+use super::{CoreError, Ctx, Fs, Result, State, acl};
+use crate::format::envelope::{Kind, open, seal};
+use crate::format::inode::{Inode, Timestamp};
+use crate::format::keys;
+use crate::format::xattrs::XattrSet;
+use crate::format::{XATTR_NAME_MAX, XATTR_SIZE_MAX};
+use crate::meta::Write;
+
+pub const XATTR_CREATE: i32 = 1;
+pub const XATTR_REPLACE: i32 = 2;
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name.len() > XATTR_NAME_MAX {
+        return Err(CoreError::Range);
+    }
+    let ok = [&b"user."[..], b"trusted.", b"security."]
+        .iter()
+        .any(|p| name.len() > p.len() && name.starts_with(p))
+        || name == acl::ACCESS
+        || name == acl::DEFAULT;
+    if ok { Ok(()) } else { Err(CoreError::NotSupported) }
+}
+
+/// Where a value to read lives, decided under the state lock.
+enum Found {
+    Value(Vec<u8>),
+    Overflow,
+    Absent,
+}
+
+impl Fs {
+    /// The spill set of `ino`, read once and then kept with the cached inode.
+    fn spill_set(&self, st: &mut State, ino: u64) -> Result<XattrSet> {
+        let c = self.load(st, ino)?;
+        if let Some(s) = &c.spill {
+            return Ok(s.clone());
+        }
+        let set = if c.inode.spill_len == 0 {
+            XattrSet::new()
+        } else {
+            let key = keys::spill(ino);
+            let rec = self.store.get(&key)?.ok_or_else(|| {
+                CoreError::corrupt(&key, crate::format::FormatError::Malformed("spill record missing"))
+            })?;
+            let payload = open(&key, Kind::Spill, &rec).map_err(|e| CoreError::corrupt(&key, e))?;
+            XattrSet::decode(payload).map_err(|e| CoreError::corrupt(&key, e))?
+        };
+        self.load(st, ino)?.spill = Some(set.clone());
+        Ok(set)
+    }
+
+    fn find(&self, st: &mut State, ino: u64, name: &[u8]) -> Result<Found> {
+        let c = self.load(st, ino)?;
+        if let Some(v) = c.inode.inline.get(name) {
+            return Ok(Found::Value(v.to_vec()));
+        }
+        let (spilled, overflow) = (c.inode.spill_len > 0, c.inode.overflow > 0);
+        if spilled {
+            // Borrow the cached set when present to avoid a clone.
+            if let Some(s) = &self.load(st, ino)?.spill {
+                if let Some(v) = s.get(name) {
+                    return Ok(Found::Value(v.to_vec()));
+                }
+            } else if let Some(v) = self.spill_set(st, ino)?.get(name) {
+                return Ok(Found::Value(v.to_vec()));
+            }
+        }
+        Ok(if overflow { Found::Overflow } else { Found::Absent })
+    }
+
+    fn overflow_get(&self, ino: u64, name: &[u8]) -> Result<Option<Vec<u8>>> {
+        let key = keys::overflow(ino, name);
+        match self.store.get(&key)? {
+            Some(rec) => Ok(Some(open(&key, Kind::Overflow, &rec).map_err(|e| CoreError::corrupt(&key, e))?.to_vec())),
+            None => Ok(None),
+        }
+    }
+
+    pub(super) fn xattr_get_locked(&self, st: &mut State, ino: u64, name: &[u8]) -> Result<Option<Vec<u8>>> {
+        match self.find(st, ino, name)? {
+            Found::Value(v) => Ok(Some(v)),
+            Found::Absent => Ok(None),
+            Found::Overflow => self.overflow_get(ino, name),
+        }
+    }
+
+    /// Sets (`Some`) or removes (`None`) `name` on `inode`, whose inline set
+    /// is current and whose spill set is `spill` (`None`: not loaded yet).
+    /// Pushes the records the change touches and updates the cache; the
+    /// caller owns writing `inode` itself.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn xattr_store(
+        &self,
+        st: &mut State,
+        w: &mut Vec<Write>,
+        ino: u64,
+        inode: &mut Inode,
+        spill: Option<XattrSet>,
+        name: &[u8],
+        value: Option<Vec<u8>>,
+    ) -> Result<Option<Tier>> {
+        let mut spill = match spill {
+            Some(s) => s,
+            None => self.spill_set(st, ino)?,
+        };
+        let in_overflow = inode.overflow > 0
+            && !inode.inline.contains(name)
+            && !spill.contains(name)
+            && self.store.get(&keys::overflow(ino, name))?.is_some();
+        let before = tiers::locate(&inode.inline, &spill, in_overflow, name);
+        let t = match value {
+            Some(v) => tiers::set(&mut inode.inline, &mut spill, in_overflow, self.budget, name, v),
+            None => tiers::remove(&mut inode.inline, &mut spill, in_overflow, name),
+        };
+        if t.spill {
+            let key = keys::spill(ino);
+            if spill.is_empty() {
+                inode.spill_len = 0;
+                w.push((key.to_vec(), None));
+            } else {
+                inode.spill_len = spill.packed_len() as u32;
+                w.push((key.to_vec(), Some(seal(&key, Kind::Spill, &spill.encode()))));
+            }
+        }
+        if let Some(ov) = t.overflow {
+            let key = keys::overflow(ino, name);
+            match ov {
+                Some(v) => {
+                    if !in_overflow {
+                        inode.overflow += 1;
+                    }
+                    let rec = seal(&key, Kind::Overflow, &v);
+                    w.push((key, Some(rec)));
+                }
+                None => {
+                    inode.overflow = inode.overflow.saturating_sub(1);
+                    w.push((key, None));
+                }
+            }
+        } else if in_overflow {
+            // Moved out of overflow into a packed tier.
+            inode.overflow = inode.overflow.saturating_sub(1);
+            w.push((keys::overflow(ino, name), None));
+        }
+        self.load(st, ino)?.spill = Some(spill);
+        Ok(before)
+    }
+
+    pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        check_name(name)?;
+        let found = {
+            let mut st = self.state.lock();
+            self.find(&mut st, ino, name)?
+        };
+        match found {
+            Found::Value(v) => Ok(v),
+            Found::Absent => Err(CoreError::NoData),
+            Found::Overflow => self.overflow_get(ino, name)?.ok_or(CoreError::NoData),
+        }
+    }
+
+    pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
+        check_name(name)?;
+        if value.len() > XATTR_SIZE_MAX {
+            return Err(CoreError::TooBig);
+        }
+        if flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 {
+            return Err(CoreError::Invalid);
+        }
+        self.writable()?;
+        let mut st = self.state.lock();
+        let mut inode = self.inode(&mut st, ino)?;
+        let exists = match self.find(&mut st, ino, name)? {
+            Found::Value(_) => true,
+            Found::Absent => false,
+            Found::Overflow => self.overflow_get(ino, name)?.is_some(),
+        };
+        if flags & XATTR_CREATE != 0 && exists {
+            return Err(CoreError::Exists);
+        }
+        if flags & XATTR_REPLACE != 0 && !exists {
+            return Err(CoreError::NoData);
+        }
+        let mut w = Vec::new();
+        self.xattr_store(&mut st, &mut w, ino, &mut inode, None, name, Some(value.to_vec()))?;
+        inode.ctime = Timestamp::now();
+        self.put_inode(&mut st, &mut w, ino, inode);
+        self.commit(w)
+    }
+
+    pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+        check_name(name)?;
+        if self.opts.read_only {
+            return Err(CoreError::ReadOnly);
+        }
+        let mut st = self.state.lock();
+        let mut inode = self.inode(&mut st, ino)?;
+        let mut w = Vec::new();
+        if self.xattr_store(&mut st, &mut w, ino, &mut inode, None, name, None)?.is_none() {
+            return Err(CoreError::NoData);
+        }
+        inode.ctime = Timestamp::now();
+        self.put_inode(&mut st, &mut w, ino, inode);
+        self.commit(w)
+    }
+
+    /// All names, NUL-terminated, as `listxattr` returns them; `trusted.*`
+    /// only for callers with CAP_SYS_ADMIN.
+    pub fn listxattr(&self, ctx: &Ctx, ino: u64) -> Result<Vec<u8>> {
+        let (inline, spill, overflow) = {
+            let mut st = self.state.lock();
+            let inode = self.inode(&mut st, ino)?;
+            let spill = if inode.spill_len > 0 { Some(self.spill_set(&mut st, ino)?) } else { None };
+            (inode.inline, spill, inode.overflow > 0)
+        };
+        let mut names: Vec<Vec<u8>> = inline.names().map(<[u8]>::to_vec).collect();
+        if let Some(s) = spill {
+            names.extend(s.names().map(<[u8]>::to_vec));
+        }
+        if overflow {
+            let (start, end) = keys::ino_range(keys::P_OVERFLOW, ino);
+            for (k, _) in self.store.scan(&start, &end, usize::MAX)? {
+                names.push(keys::key_name(&k).to_vec());
+            }
+        }
+        let show_trusted = names.iter().any(|n| n.starts_with(b"trusted.")) && ctx.has_cap(super::creds::CAP_SYS_ADMIN);
+        let mut out = Vec::new();
+        for n in names {
+            if n.starts_with(b"trusted.") && !show_trusted {
+                continue;
+            }
+            out.extend_from_slice(&n);
+            out.push(0);
+        }
+        Ok(out)
+    }
+}

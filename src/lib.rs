@@ -1,0 +1,13 @@
+//! safs: a FUSE filesystem built for metadata speed.
+//!
+//! Layers, each depending only downward:
+//! `cli` → `fuse` (adapter, the only user of `fuser`) → `core` (POSIX
+//! semantics, SA xattr tiers, caches, group commit) → `meta` (engines) and
+//! `format` (record layouts, pure).
+// Unsafe is denied everywhere but `meta::lmdb::LmdbStore::open` (heed's
+// `open` is unsafe because LMDB memory-maps its file; see the SAFETY note).
+#![deny(unsafe_code)]
+
+pub mod format;
+pub mod meta;
+pub mod core;

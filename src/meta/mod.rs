@@ -1,0 +1,86 @@
+//! Metadata engines: an ordered key-value store with atomic, durable batches.
+//!
+//! The core needs only three things from an engine — point reads, ordered
+//! range scans and atomic batch commits — so that LMDB (embedded, default)
+//! and later PostgreSQL or a distributed KV can sit behind the same trait
+//! (JuiceFS `tkvClient`, TiKV `engine_traits`). Engines know nothing of
+//! POSIX or of the record layouts.
+
+mod lmdb;
+mod mem;
+
+pub use lmdb::LmdbStore;
+pub use mem::MemStore;
+use thiserror::Error;
+
+/// One write of a batch: a put (`Some`) or a delete (`None`).
+pub type Write = (Vec<u8>, Option<Vec<u8>>);
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum MetaError {
+    /// The store cannot grow: the disk under it is full (or the map is).
+    #[error("metadata store is full")]
+    NoSpace,
+    #[error("metadata engine: {0}")]
+    Engine(String),
+    #[error("metadata I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Point reads and range scans. Every call sees one consistent snapshot.
+pub trait MetaRead {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, MetaError>;
+
+    /// Up to `limit` pairs with `start <= key < end`, in key order.
+    fn scan(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, MetaError>;
+}
+
+/// A metadata engine.
+pub trait MetaStore: MetaRead + Send + Sync + 'static {
+    /// Applies `batch` atomically and durably: when this returns `Ok`, every
+    /// write survives a crash; when it returns `Err`, none was applied.
+    fn commit(&self, batch: &[Write]) -> Result<(), MetaError>;
+
+    /// Bytes the store occupies on disk.
+    fn disk_bytes(&self) -> u64;
+}
+
+#[cfg(test)]
+pub(crate) mod conformance {
+    //! One suite every engine must pass.
+    use super::*;
+
+    pub fn run(store: &dyn MetaStore) {
+        assert_eq!(store.get(b"a").unwrap(), None);
+        store
+            .commit(&[
+                (b"a".to_vec(), Some(b"1".to_vec())),
+                (b"b".to_vec(), Some(b"2".to_vec())),
+                (b"c".to_vec(), Some(b"3".to_vec())),
+            ])
+            .unwrap();
+        assert_eq!(store.get(b"b").unwrap().as_deref(), Some(&b"2"[..]));
+        let all = store.scan(b"a", b"z", 10).unwrap();
+        assert_eq!(all.len(), 3);
+        let some = store.scan(b"b", b"c", 10).unwrap();
+        assert_eq!(some, vec![(b"b".to_vec(), b"2".to_vec())]);
+        assert_eq!(store.scan(b"a", b"z", 2).unwrap().len(), 2);
+        store
+            .commit(&[(b"a".to_vec(), None), (b"b".to_vec(), Some(b"x".to_vec()))])
+            .unwrap();
+        assert_eq!(store.get(b"a").unwrap(), None);
+        assert_eq!(store.get(b"b").unwrap().as_deref(), Some(&b"x"[..]));
+        // Deleting a missing key is not an error.
+        store.commit(&[(b"nope".to_vec(), None)]).unwrap();
+        // A large value.
+        let big = vec![7u8; 70_000];
+        store.commit(&[(b"big".to_vec(), Some(big.clone()))]).unwrap();
+        assert_eq!(store.get(b"big").unwrap(), Some(big));
+    }
+}
