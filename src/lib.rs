@@ -11,3 +11,4 @@
 pub mod format;
 pub mod meta;
 pub mod core;
+pub mod fuse;

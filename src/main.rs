@@ -1,1 +1,23 @@
-fn main(){}
+//! `safs`: format, mount and inspect safs volumes.
+#![forbid(unsafe_code)]
+
+mod cli;
+
+use clap::Parser;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let argv0 = args
+        .first()
+        .map(|a| std::path::Path::new(a).file_name().unwrap_or_default().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let result = if argv0.starts_with("mount.fuse.safs") || argv0 == "mount.safs" {
+        cli::run_mount_helper(args)
+    } else {
+        cli::run(cli::Cli::parse())
+    };
+    if let Err(e) = result {
+        eprintln!("safs: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -57,8 +57,4 @@ impl DataStore {
             _ => Ok(()),
         }
     }
-
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
 }

@@ -98,10 +98,6 @@ impl Store {
         store
     }
 
-    pub fn engine(&self) -> &Arc<dyn MetaStore> {
-        &self.engine
-    }
-
     /// Point read through the overlay.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         {
@@ -318,7 +314,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::MemStore;
+    use crate::meta::{MemStore, MetaRead};
     use proptest::prelude::*;
 
     #[test]

@@ -119,6 +119,8 @@ impl MetaStore for LmdbStore {
 
 #[cfg(test)]
 mod tests {
+    use crate::meta::MetaRead;
+
     #[test]
     fn conformance() {
         let dir = tempfile::tempdir().unwrap();

@@ -1,0 +1,69 @@
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::Args;
+
+use safs::core::volume::{self, Layout, VolumeLock};
+use safs::format::keys;
+use safs::format::superblock::Counters;
+use safs::meta::MetaRead;
+
+#[derive(Args, Debug)]
+pub struct InfoArgs {
+    /// A volume directory or the mountpoint of a mounted safs.
+    pub path: PathBuf,
+}
+
+/// The volume mounted at `mnt`, from /proc/self/mountinfo.
+pub fn volume_of_mount(mnt: &Path) -> Option<PathBuf> {
+    let mnt = std::fs::canonicalize(mnt).ok()?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().rev().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let target = left.split(' ').nth(4)?;
+        let mut r = right.split(' ');
+        let fstype = r.next()?;
+        let source = r.next()?;
+        (fstype == "fuse.safs" && Path::new(&unescape(target)) == mnt).then(|| PathBuf::from(unescape(source)))
+    })
+}
+
+fn unescape(s: &str) -> String {
+    s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+}
+
+pub fn run(a: InfoArgs) -> anyhow::Result<()> {
+    let (vol, mountpoint) = if Layout::new(&a.path).is_volume() {
+        (a.path.clone(), None)
+    } else if let Some(v) = volume_of_mount(&a.path) {
+        (v, Some(a.path.clone()))
+    } else {
+        anyhow::bail!("{} is neither a safs volume nor a safs mountpoint", a.path.display());
+    };
+    let (store, sb) = volume::open_store(&vol).with_context(|| format!("cannot open volume {}", vol.display()))?;
+    let counters = store
+        .get(keys::COUNTERS)?
+        .map(|r| Counters::decode(&r))
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("counters record is corrupt: {e}"))?;
+    println!("volume:         {}", vol.display());
+    if let Some(m) = mountpoint {
+        println!("mountpoint:     {}", m.display());
+    }
+    println!("uuid:           {}", uuid::Uuid::from_bytes(sb.uuid));
+    println!("format version: {}", sb.format_version);
+    println!("inline xattrs:  {} bytes per inode", sb.inline_bytes);
+    if let Some(c) = counters {
+        println!("inodes:         {} (next inode number {})", c.inodes, c.next_ino);
+    }
+    use safs::meta::MetaStore;
+    println!("metadata size:  {} bytes", store.disk_bytes());
+    let lock = Layout::new(&vol).lock();
+    let pid = std::fs::read_to_string(lock).unwrap_or_default();
+    if VolumeLock::is_held(&vol) {
+        println!("mounted:        yes (daemon pid {})", pid.trim());
+    } else {
+        println!("mounted:        no");
+    }
+    Ok(())
+}

@@ -1,0 +1,67 @@
+//! The `safs` command line: flags, messages a person can act on, exit codes.
+
+mod format;
+mod info;
+mod mount;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "safs", version, about = "safs: a FUSE filesystem built for metadata speed (xattrs live with the inode)")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create a new volume in an empty (or new) directory.
+    Format(format::FormatArgs),
+    /// Mount a volume; returns once the mount is live (daemon in background).
+    Mount(mount::MountArgs),
+    /// Print what a volume or a mounted safs is.
+    Info(info::InfoArgs),
+}
+
+/// Runs the command; the error is printed by `main` and turns into exit 1.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Format(a) => format::run(a),
+        Command::Mount(a) => mount::run(a),
+        Command::Info(a) => info::run(a),
+    }
+}
+
+/// `mount.fuse.safs <volume> <mountpoint> [-o opts]`, as mount(8) calls it
+/// for `mount -t fuse.safs` and fstab entries of type `fuse.safs`.
+pub fn run_mount_helper(args: Vec<String>) -> anyhow::Result<()> {
+    let mut positional = Vec::new();
+    let mut options = Vec::new();
+    let mut it = args.into_iter().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-o" => options.push(it.next().ok_or_else(|| anyhow::anyhow!("-o needs an argument"))?),
+            // mount(8) passes these; none changes what safs does.
+            "-n" | "-s" | "-v" | "-f" | "-r" | "-w" => {
+                if a == "-r" {
+                    options.push("ro".into());
+                }
+            }
+            s if s.starts_with("-o") => options.push(s[2..].to_string()),
+            s if s.starts_with('-') => anyhow::bail!("unknown flag {s}"),
+            _ => positional.push(a),
+        }
+    }
+    let [volume, mountpoint]: [String; 2] = positional
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("usage: mount.fuse.safs <volume> <mountpoint> [-o options]"))?;
+    mount::run(mount::MountArgs {
+        volume: PathBuf::from(volume),
+        mountpoint: PathBuf::from(mountpoint),
+        foreground: false,
+        options,
+        daemon_child: false,
+    })
+}

@@ -1,0 +1,271 @@
+//! `safs mount`: checks, the background daemon, signals and clean unmount.
+//!
+//! Without `-f` the command re-executes itself as a detached daemon child
+//! and returns only when the child reports the mount live (exit 0) or
+//! failed (its error is printed, exit 1) — like mount(8). The child logs to
+//! `<volume>/safs.log`. `umount`, `fusermount3 -u`, SIGTERM, SIGINT and
+//! SIGHUP all end the session; the final batch is committed before exit.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use fuser::{Config, MountOption, SessionACL};
+
+use safs::core::volume::{self, Layout, VolumeLock};
+use safs::core::{Fs, Options};
+use safs::fuse::{DataPath, SafsFuse};
+
+const READY: &str = "SAFS-READY";
+
+#[derive(Args, Debug)]
+pub struct MountArgs {
+    /// The volume directory (made by `safs format`).
+    pub volume: PathBuf,
+    /// An existing, empty directory to mount on.
+    pub mountpoint: PathBuf,
+    /// Stay in the foreground (log to stderr) instead of daemonizing.
+    #[arg(short, long)]
+    pub foreground: bool,
+    /// Mount options, comma-separated: allow_other, ro, sync, passthrough,
+    /// nopassthrough, nonempty, dev, suid, commit_ms=N, threads=N.
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    pub options: Vec<String>,
+    #[arg(long, hide = true)]
+    pub daemon_child: bool,
+}
+
+#[derive(Debug)]
+struct MountOpts {
+    allow_other: bool,
+    read_only: bool,
+    sync: bool,
+    data_path: DataPath,
+    nonempty: bool,
+    dev: bool,
+    suid: bool,
+    commit_ms: u64,
+    threads: usize,
+}
+
+fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
+    let mut o = MountOpts {
+        allow_other: false,
+        read_only: false,
+        sync: false,
+        data_path: DataPath::Auto,
+        nonempty: false,
+        dev: false,
+        suid: false,
+        commit_ms: 5,
+        threads: 4,
+    };
+    for opt in raw.iter().flat_map(|s| s.split(',')).filter(|s| !s.is_empty()) {
+        let (key, val) = match opt.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (opt, None),
+        };
+        let num = |v: Option<&str>| -> anyhow::Result<u64> {
+            v.ok_or_else(|| anyhow::anyhow!("option {key} needs a value"))?
+                .parse()
+                .with_context(|| format!("option {key} needs a number"))
+        };
+        match key {
+            "allow_other" => o.allow_other = true,
+            "ro" => o.read_only = true,
+            "rw" => o.read_only = false,
+            "sync" => o.sync = true,
+            "async" => o.sync = false,
+            "passthrough" => o.data_path = DataPath::Passthrough,
+            "nopassthrough" => o.data_path = DataPath::Daemon,
+            "nonempty" => o.nonempty = true,
+            "dev" => o.dev = true,
+            "nodev" => o.dev = false,
+            "suid" => o.suid = true,
+            "nosuid" => o.suid = false,
+            "commit_ms" => {
+                o.commit_ms = num(val)?;
+                if !(1..=10_000).contains(&o.commit_ms) {
+                    bail!("commit_ms must be 1..=10000");
+                }
+            }
+            "threads" => {
+                o.threads = num(val)? as usize;
+                if !(1..=64).contains(&o.threads) {
+                    bail!("threads must be 1..=64");
+                }
+            }
+            // Passed by mount(8) and fstab; nothing for safs to do.
+            "defaults" | "auto" | "noauto" | "user" | "nouser" | "users" | "_netdev" | "nofail" | "exec"
+            | "noexec" | "atime" | "noatime" | "relatime" | "default_permissions" => {}
+            k if k.starts_with("x-") || k.starts_with("comment=") => {}
+            k => bail!("unknown mount option '{k}' (see `safs mount --help`)"),
+        }
+    }
+    Ok(o)
+}
+
+fn check_mountpoint(mnt: &Path, nonempty: bool) -> anyhow::Result<()> {
+    let meta = std::fs::metadata(mnt).with_context(|| format!("mountpoint {} does not exist", mnt.display()))?;
+    if !meta.is_dir() {
+        bail!("mountpoint {} is not a directory", mnt.display());
+    }
+    if !nonempty && std::fs::read_dir(mnt)?.next().is_some() {
+        bail!("mountpoint {} is not empty (use -o nonempty to mount over it)", mnt.display());
+    }
+    if !Path::new("/dev/fuse").exists() {
+        bail!("/dev/fuse is missing: load the fuse module (modprobe fuse) or install fuse3");
+    }
+    Ok(())
+}
+
+pub fn run(a: MountArgs) -> anyhow::Result<()> {
+    let opts = parse_options(&a.options)?;
+    let volume = std::fs::canonicalize(&a.volume).with_context(|| format!("volume {} does not exist", a.volume.display()))?;
+    if !Layout::new(&volume).is_volume() {
+        bail!("{} is not a safs volume (create one with `safs format`)", volume.display());
+    }
+    if VolumeLock::is_held(&volume) {
+        let pid = std::fs::read_to_string(Layout::new(&volume).lock()).unwrap_or_default();
+        bail!("volume {} is already mounted (daemon pid {})", volume.display(), pid.trim());
+    }
+    check_mountpoint(&a.mountpoint, opts.nonempty)?;
+    let mountpoint = std::fs::canonicalize(&a.mountpoint)?;
+    if a.foreground || a.daemon_child {
+        serve(&volume, &mountpoint, &opts, a.daemon_child)
+    } else {
+        spawn_daemon(&volume, &mountpoint, &a.options)
+    }
+}
+
+/// Starts the daemon child and waits for its verdict.
+fn spawn_daemon(volume: &Path, mountpoint: &Path, options: &[String]) -> anyhow::Result<()> {
+    let exe = std::env::current_exe().context("cannot find the safs executable")?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("mount").arg(volume).arg(mountpoint).arg("--daemon-child");
+    for o in options {
+        cmd.arg("-o").arg(o);
+    }
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot start the safs daemon")?;
+    let stdout = child.stdout.take().expect("piped");
+    let mut stderr = child.stderr.take().expect("piped");
+    for line in BufReader::new(stdout).lines() {
+        if line.unwrap_or_default().trim() == READY {
+            return Ok(());
+        }
+    }
+    let mut msg = String::new();
+    let _ = stderr.read_to_string(&mut msg);
+    let status = child.wait()?;
+    let msg = msg.trim();
+    if msg.is_empty() {
+        bail!("safs daemon exited ({status}) before the mount was live");
+    }
+    bail!("{msg}");
+}
+
+fn init_logging(to_file: Option<&Path>) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SAFS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    let res = match to_file.and_then(|p| std::fs::OpenOptions::new().create(true).append(true).open(p).ok()) {
+        Some(f) => builder.with_ansi(false).with_writer(std::sync::Mutex::new(f)).try_init(),
+        None => builder.with_writer(std::io::stderr).try_init(),
+    };
+    let _ = res;
+}
+
+/// Mounts and serves until unmounted or signalled.
+fn serve(volume: &Path, mountpoint: &Path, o: &MountOpts, daemon_child: bool) -> anyhow::Result<()> {
+    let layout = Layout::new(volume);
+    if daemon_child {
+        // Detach from the caller's session so its terminal signals do not
+        // reach the daemon.
+        let _ = nix::unistd::setsid();
+        init_logging(Some(&layout.log()));
+    } else {
+        init_logging(None);
+    }
+    let lock = VolumeLock::acquire(&layout)?;
+    let (engine, sb) = volume::open_store(volume)?;
+    let fs = Fs::mount(
+        volume,
+        engine,
+        sb,
+        Options {
+            commit_interval: std::time::Duration::from_millis(o.commit_ms),
+            sync: o.sync,
+            read_only: o.read_only,
+            ..Options::default()
+        },
+    )
+    .context("cannot open the volume")?;
+    let fs = Arc::new(fs);
+
+    let mut mount_options = vec![
+        MountOption::FSName(volume.to_string_lossy().into_owned()),
+        MountOption::Subtype("safs".into()),
+        // The kernel checks permissions (mode bits and ACLs) itself: no
+        // ACCESS round trips, and the same rules as any local filesystem.
+        MountOption::DefaultPermissions,
+        if o.read_only { MountOption::RO } else { MountOption::RW },
+    ];
+    if o.dev {
+        mount_options.push(MountOption::Dev);
+    }
+    if o.suid {
+        mount_options.push(MountOption::Suid);
+    }
+    let mut config = Config::default();
+    config.mount_options = mount_options;
+    config.acl = if o.allow_other { SessionACL::All } else { SessionACL::Owner };
+    config.n_threads = Some(o.threads);
+    config.clone_fd = true;
+
+    let adapter = SafsFuse::new(Arc::clone(&fs), o.data_path);
+    let mut session = fuser::Session::new(adapter, mountpoint, &config)
+        .map_err(|e| anyhow::anyhow!("cannot mount {} on {}: {e}", volume.display(), mountpoint.display()))?;
+
+    let mut unmounter = session.unmount_callable();
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
+    ])?;
+    let sig_handle = signals.handle();
+    std::thread::Builder::new().name("safs-signals".into()).spawn(move || {
+        if let Some(sig) = signals.forever().next() {
+            tracing::info!(signal = sig, "signal received: unmounting");
+            if let Err(e) = unmounter.unmount() {
+                tracing::error!(error = %e, "unmount on signal failed");
+            }
+        }
+    })?;
+
+    tracing::info!(volume = %volume.display(), mountpoint = %mountpoint.display(), "mounted");
+    if daemon_child {
+        println!("{READY}");
+        // From here on nobody reads our pipes: send everything to the log.
+        if let Ok(f) = std::fs::OpenOptions::new().create(true).append(true).open(layout.log()) {
+            let _ = nix::unistd::dup2_stdout(&f);
+            let _ = nix::unistd::dup2_stderr(&f);
+        }
+    }
+    let res = session.run();
+    sig_handle.close();
+    // `destroy` committed the last batch; make sure even if it was not sent.
+    let close = fs.close();
+    drop(lock);
+    tracing::info!("unmounted");
+    res.context("FUSE session failed")?;
+    close.context("final metadata commit failed")?;
+    Ok(())
+}

@@ -1,0 +1,519 @@
+//! The FUSE adapter: the only module that knows `fuser`.
+//!
+//! Consistency contract: safs is the only writer of its volume, so the
+//! kernel may cache entries and attributes for long ([`TTL`]); every change
+//! made through the mount is seen by the kernel as it makes it (it
+//! invalidates what a request changes), and file data goes through kernel
+//! passthrough when the kernel allows it.
+
+mod attr;
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    BackingId, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use parking_lot::Mutex;
+
+use crate::core::{self, CoreError, Ctx, Fs, OpenMode, SetAttr, TimeSet};
+use attr::{file_attr, timestamp};
+
+/// Entry and attribute lifetime in the kernel's caches.
+pub const TTL: Duration = Duration::from_secs(3600);
+
+/// How file data moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataPath {
+    /// Passthrough when the kernel accepts it, daemon I/O otherwise.
+    Auto,
+    /// Passthrough or fail the mount.
+    Passthrough,
+    /// Always through the daemon.
+    Daemon,
+}
+
+/// The one conversion from core errors to errnos. Corruption and I/O
+/// failures were logged where they arose.
+impl From<CoreError> for Errno {
+    fn from(e: CoreError) -> Errno {
+        Errno::from_i32(e.errno())
+    }
+}
+
+fn ctx(req: &Request) -> Ctx {
+    Ctx {
+        uid: req.uid(),
+        gid: req.gid(),
+        pid: req.pid(),
+    }
+}
+
+pub struct SafsFuse {
+    fs: Arc<Fs>,
+    data_path: DataPath,
+    /// Whether the kernel agreed to passthrough at init.
+    passthrough: bool,
+    /// Backing ids registered with the kernel, by file handle; each is kept
+    /// until the handle's release so the kernel's reference stays valid.
+    backing: Mutex<HashMap<u64, BackingId>>,
+}
+
+impl SafsFuse {
+    pub fn new(fs: Arc<Fs>, data_path: DataPath) -> Self {
+        SafsFuse {
+            fs,
+            data_path,
+            passthrough: false,
+            backing: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn entry(&self, reply: ReplyEntry, r: core::Result<core::Attr>) {
+        match r {
+            Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(a.generation)),
+            Err(e) => reply.error(e.into()),
+        }
+    }
+
+    /// Registers `file` for passthrough; `None` means serve I/O ourselves.
+    fn backing_for(&self, fh: u64, open: impl FnOnce(&std::fs::File) -> std::io::Result<BackingId>, file: &std::fs::File) -> Option<()> {
+        if !self.passthrough {
+            return None;
+        }
+        match open(file) {
+            Ok(id) => {
+                self.backing.lock().insert(fh, id);
+                Some(())
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "kernel refused a passthrough backing file; serving this file from the daemon");
+                None
+            }
+        }
+    }
+}
+
+fn set_time(t: Option<TimeOrNow>) -> Option<TimeSet> {
+    t.map(|t| match t {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(st) => TimeSet::At(timestamp(st)),
+    })
+}
+
+impl Filesystem for SafsFuse {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Each capability is asked for on its own so that one the kernel
+        // lacks does not take the others with it.
+        let wanted = [
+            // Directory listings carry attributes: `ls -l` needs no LOOKUP
+            // per entry.
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_READDIRPLUS_AUTO,
+            // The kernel enforces and caches ACLs (we inherit defaults and
+            // keep them in step with chmod; see core::acl).
+            InitFlags::FUSE_POSIX_ACL,
+            // O_TRUNC arrives with OPEN: no separate SETATTR round trip.
+            InitFlags::FUSE_ATOMIC_O_TRUNC,
+            // Symlink targets are cached in the page cache.
+            InitFlags::FUSE_CACHE_SYMLINKS,
+            // Lookups and readdirs in one directory may run concurrently.
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_EXPORT_SUPPORT,
+            InitFlags::FUSE_BIG_WRITES,
+            InitFlags::FUSE_MAX_PAGES,
+            // Not FUSE_SETXATTR_EXT: fuser 0.18 parses only the old layout.
+        ];
+        for flag in wanted {
+            if let Err(missing) = config.add_capabilities(flag) {
+                tracing::info!(?missing, "kernel does not offer capability");
+            }
+        }
+        if self.data_path != DataPath::Daemon {
+            let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+                && config.set_max_stack_depth(1).is_ok();
+            self.passthrough = ok;
+            if !ok {
+                if self.data_path == DataPath::Passthrough {
+                    tracing::error!("kernel does not offer FUSE passthrough, and it was required");
+                    return Err(std::io::Error::from_raw_os_error(libc::ENOSYS));
+                }
+                tracing::warn!("kernel does not offer FUSE passthrough; file data goes through the daemon");
+            }
+        }
+        let _ = config.set_max_write(1 << 20);
+        tracing::info!(passthrough = self.passthrough, "FUSE session initialised");
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        if let Err(e) = self.fs.close() {
+            tracing::error!(error = %e, "final commit failed");
+        }
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let r = self.fs.lookup(parent.0, name.as_bytes());
+        self.entry(reply, r);
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(ino.0) {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Err(e) => reply.error(e.into()),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: set_time(atime),
+            mtime: set_time(mtime),
+            ctime: ctime.map(timestamp),
+            fh: fh.map(|f| f.0),
+        };
+        match self.fs.setattr(&ctx(req), ino.0, &set) {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Err(e) => reply.error(e.into()),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(e.into()),
+        }
+    }
+
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+        let r = self.fs.make_node(&ctx(req), parent.0, name.as_bytes(), mode, umask, rdev, None);
+        self.entry(reply, r);
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let mode = libc::S_IFDIR | (mode & 0o7777);
+        let r = self.fs.make_node(&ctx(req), parent.0, name.as_bytes(), mode, umask, 0, None);
+        self.entry(reply, r);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.fs.unlink(parent.0, name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e.into()),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.fs.rmdir(parent.0, name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e.into()),
+        }
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let r = self.fs.make_node(
+            &ctx(req),
+            parent.0,
+            link_name.as_bytes(),
+            libc::S_IFLNK | 0o777,
+            0,
+            0,
+            Some(target.as_os_str().as_bytes()),
+        );
+        self.entry(reply, r);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            return reply.error(Errno::from_i32(libc::EINVAL));
+        }
+        let f = core::RenameFlags {
+            noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
+        };
+        match self.fs.rename(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), f) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e.into()),
+        }
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let r = self.fs.link(ino.0, newparent.0, newname.as_bytes());
+        self.entry(reply, r);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.open(ino.0, OpenMode::from_flags(flags.0)) {
+            Ok(h) => {
+                if self.backing_for(h.fh, |f| reply.open_backing(f), &h.file).is_some() {
+                    let ids = self.backing.lock();
+                    let id = ids.get(&h.fh).expect("just registered");
+                    reply.opened_passthrough(FileHandle(h.fh), FopenFlags::empty(), id);
+                } else {
+                    reply.opened(FileHandle(h.fh), FopenFlags::empty());
+                }
+            }
+            Err(e) => reply.error(e.into()),
+        }
+    }
+
+    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+        match self.fs.create(&ctx(req), parent.0, name.as_bytes(), mode, umask, flags) {
+            Ok((a, h)) => {
+                let attr = file_attr(&a);
+                let generation = Generation(a.generation);
+                if self.backing_for(h.fh, |f| reply.open_backing(f), &h.file).is_some() {
+                    let ids = self.backing.lock();
+                    let id = ids.get(&h.fh).expect("just registered");
+                    reply.created_passthrough(&TTL, &attr, generation, FileHandle(h.fh), FopenFlags::empty(), id);
+                } else {
+                    reply.created(&TTL, &attr, generation, FileHandle(h.fh), FopenFlags::empty());
+                }
+            }
+            Err(e) => reply.error(e.into()),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.fs.read(fh.0, offset, size) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(e.into()),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.fs.write(fh.0, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(e.into()),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.backing.lock().remove(&fh.0);
+        match self.fs.release(fh.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e.into()),
+        }
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        // Waiting for the commit must not hold up other requests.
+        let fs = Arc::clone(&self.fs);
+        std::thread::spawn(move || match fs.fsync(fh.0, datasync) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e.into()),
+        });
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.kind(ino.0) {
+            Ok(k) if k == libc::S_IFDIR => {
+                // The kernel keeps the listing in its page cache and drops
+                // it when the directory's mtime changes.
+                reply.opened(FileHandle(0), FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE)
+            }
+            Ok(_) => reply.error(Errno::from_i32(libc::ENOTDIR)),
+            Err(e) => reply.error(e.into()),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let mut offset = offset;
+        loop {
+            let page = match self.fs.readdir(ino.0, offset, 256) {
+                Ok(p) => p,
+                Err(e) => return reply.error(e.into()),
+            };
+            if page.is_empty() {
+                break;
+            }
+            for e in page {
+                if reply.add(INodeNo(e.ino), e.cookie, attr::dtype(e.kind), OsStr::from_bytes(&e.name)) {
+                    return reply.ok();
+                }
+                offset = e.cookie;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let mut offset = offset;
+        loop {
+            let page = match self.fs.readdir(ino.0, offset, 128) {
+                Ok(p) => p,
+                Err(e) => return reply.error(e.into()),
+            };
+            if page.is_empty() {
+                break;
+            }
+            for e in page {
+                let a = match self.fs.entry_attr(e.ino) {
+                    Ok(a) => a,
+                    Err(CoreError::NotFound) => {
+                        offset = e.cookie;
+                        continue;
+                    }
+                    Err(err) => return reply.error(err.into()),
+                };
+                let dots = e.name == b"." || e.name == b"..";
+                if reply.add(INodeNo(e.ino), e.cookie, OsStr::from_bytes(&e.name), &TTL, &file_attr(&a), Generation(a.generation)) {
+                    return reply.ok();
+                }
+                // The kernel takes a reference for every entry but the dots.
+                if !dots {
+                    self.fs.note_lookup(e.ino);
+                }
+                offset = e.cookie;
+            }
+        }
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        let fs = Arc::clone(&self.fs);
+        std::thread::spawn(move || match fs.sync() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e.into()),
+        });
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.fs.statfs() {
+            Ok(s) => reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize),
+            Err(e) => reply.error(e.into()),
+        }
+    }
+
+    fn setxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
+        match self.fs.setxattr(ino.0, name.as_bytes(), value, flags) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e.into()),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.fs.getxattr(ino.0, name.as_bytes()) {
+            Ok(v) => xattr_reply(reply, &v, size),
+            Err(e) => reply.error(e.into()),
+        }
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.fs.listxattr(&ctx(req), ino.0) {
+            Ok(v) => xattr_reply(reply, &v, size),
+            Err(e) => reply.error(e.into()),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.fs.removexattr(ino.0, name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e.into()),
+        }
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        // Only reached without default_permissions, which safs always sets.
+        reply.ok();
+    }
+
+    fn fallocate(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+        match self.fs.fallocate(fh.0, offset, length, mode) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e.into()),
+        }
+    }
+
+    fn lseek(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+        match self.fs.lseek(fh.0, offset, whence) {
+            Ok(o) => reply.offset(o),
+            Err(e) => reply.error(e.into()),
+        }
+    }
+}
+
+/// `size == 0` asks for the length; a smaller buffer than needed is ERANGE.
+fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
+    if size == 0 {
+        reply.size(value.len() as u32);
+    } else if (size as usize) < value.len() {
+        reply.error(Errno::from_i32(libc::ERANGE));
+    } else {
+        reply.data(value);
+    }
+}
