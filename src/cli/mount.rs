@@ -212,7 +212,8 @@ fn serve(volume: &Path, mountpoint: &Path, o: &MountOpts, daemon_child: bool) ->
 
     let mut mount_options = vec![
         MountOption::FSName(volume.to_string_lossy().into_owned()),
-        MountOption::Subtype("safs".into()),
+        // fuser's direct mount(2) ignores Subtype; the kernel takes it as an option.
+        MountOption::CUSTOM("subtype=safs".into()),
         // The kernel checks permissions (mode bits and ACLs) itself: no
         // ACCESS round trips, and the same rules as any local filesystem.
         MountOption::DefaultPermissions,

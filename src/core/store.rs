@@ -117,7 +117,7 @@ impl Store {
     pub fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let mut out = Vec::new();
         let mut cursor = start.to_vec();
-        let probe = limit.max(1) + 1;
+        let probe = limit.max(1).saturating_add(1);
         while out.len() < limit {
             // Overlay first, engine second (see the module comment).
             let (pend, comm) = {
