@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -61,9 +61,16 @@ pub struct SafsFuse {
     data_path: DataPath,
     /// Whether the kernel agreed to passthrough at init.
     passthrough: bool,
-    /// Backing ids registered with the kernel, by file handle; each is kept
-    /// until the handle's release so the kernel's reference stays valid.
-    backing: Mutex<HashMap<u64, BackingId>>,
+    /// Backing ids registered with the kernel. The kernel allows one backing
+    /// file per inode at a time, so every open of an inode shares one id:
+    /// held weakly by inode, strongly by each handle until its release.
+    backing: Mutex<Backing>,
+}
+
+#[derive(Default)]
+struct Backing {
+    by_ino: HashMap<u64, Weak<BackingId>>,
+    by_fh: HashMap<u64, Arc<BackingId>>,
 }
 
 impl SafsFuse {
@@ -72,7 +79,7 @@ impl SafsFuse {
             fs,
             data_path,
             passthrough: false,
-            backing: Mutex::new(HashMap::new()),
+            backing: Mutex::new(Backing::default()),
         }
     }
 
@@ -83,21 +90,34 @@ impl SafsFuse {
         }
     }
 
-    /// Registers `file` for passthrough; `None` means serve I/O ourselves.
-    fn backing_for(&self, fh: u64, open: impl FnOnce(&std::fs::File) -> std::io::Result<BackingId>, file: &std::fs::File) -> Option<()> {
+    /// The backing id to open handle `h` with, registering its file with
+    /// the kernel if the inode has none yet; `None` means the daemon serves
+    /// this handle's I/O.
+    fn backing_for(
+        &self,
+        h: &core::Handle,
+        register: impl FnOnce(&std::fs::File) -> std::io::Result<BackingId>,
+    ) -> Option<Arc<BackingId>> {
         if !self.passthrough {
             return None;
         }
-        match open(file) {
-            Ok(id) => {
-                self.backing.lock().insert(fh, id);
-                Some(())
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "kernel refused a passthrough backing file; serving this file from the daemon");
-                None
-            }
-        }
+        let mut b = self.backing.lock();
+        let id = match b.by_ino.get(&h.ino).and_then(Weak::upgrade) {
+            Some(id) => id,
+            None => match register(&h.file) {
+                Ok(id) => {
+                    let id = Arc::new(id);
+                    b.by_ino.insert(h.ino, Arc::downgrade(&id));
+                    id
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, ino = h.ino, "kernel refused a passthrough backing file; serving it from the daemon");
+                    return None;
+                }
+            },
+        };
+        b.by_fh.insert(h.fh, Arc::clone(&id));
+        Some(id)
     }
 }
 
@@ -285,10 +305,8 @@ impl Filesystem for SafsFuse {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.open(ino.0, OpenMode::from_flags(flags.0)) {
             Ok(h) => {
-                if self.backing_for(h.fh, |f| reply.open_backing(f), &h.file).is_some() {
-                    let ids = self.backing.lock();
-                    let id = ids.get(&h.fh).expect("just registered");
-                    reply.opened_passthrough(FileHandle(h.fh), FopenFlags::empty(), id);
+                if let Some(id) = self.backing_for(&h, |f| reply.open_backing(f)) {
+                    reply.opened_passthrough(FileHandle(h.fh), FopenFlags::empty(), &id);
                 } else {
                     reply.opened(FileHandle(h.fh), FopenFlags::empty());
                 }
@@ -302,10 +320,8 @@ impl Filesystem for SafsFuse {
             Ok((a, h)) => {
                 let attr = file_attr(&a);
                 let generation = Generation(a.generation);
-                if self.backing_for(h.fh, |f| reply.open_backing(f), &h.file).is_some() {
-                    let ids = self.backing.lock();
-                    let id = ids.get(&h.fh).expect("just registered");
-                    reply.created_passthrough(&TTL, &attr, generation, FileHandle(h.fh), FopenFlags::empty(), id);
+                if let Some(id) = self.backing_for(&h, |f| reply.open_backing(f)) {
+                    reply.created_passthrough(&TTL, &attr, generation, FileHandle(h.fh), FopenFlags::empty(), &id);
                 } else {
                     reply.created(&TTL, &attr, generation, FileHandle(h.fh), FopenFlags::empty());
                 }
@@ -356,14 +372,21 @@ impl Filesystem for SafsFuse {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.backing.lock().remove(&fh.0);
+        {
+            let mut b = self.backing.lock();
+            if let Some(id) = b.by_fh.remove(&fh.0) {
+                if Arc::strong_count(&id) == 1 {
+                    b.by_ino.remove(&ino.0);
+                }
+            }
+        }
         match self.fs.release(fh.0) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e.into()),
