@@ -11,7 +11,12 @@ fn main() {
         .first()
         .map(|a| std::path::Path::new(a).file_name().unwrap_or_default().to_string_lossy().into_owned())
         .unwrap_or_default();
-    let result = if argv0.starts_with("mount.fuse.safs") || argv0 == "mount.safs" {
+    // mount.fuse3 runs `safs <volume> <mountpoint> -o opts` for fstab
+    // entries of the `safs#<volume>` form: no subcommand, two paths.
+    let helper_form = args.len() >= 3
+        && !args[1].starts_with('-')
+        && !["format", "mount", "info", "help"].contains(&args[1].as_str());
+    let result = if argv0.starts_with("mount.fuse.safs") || argv0 == "mount.safs" || helper_form {
         cli::run_mount_helper(args)
     } else {
         cli::run(cli::Cli::parse())

@@ -4,7 +4,7 @@ mod format;
 mod info;
 mod mount;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
 
@@ -35,7 +35,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 /// `mount.fuse.safs <volume> <mountpoint> [-o opts]`, as mount(8) calls it
-/// for `mount -t fuse.safs` and fstab entries of type `fuse.safs`.
+/// for `mount -t fuse.safs` and fstab entries of type `fuse.safs` (and as
+/// `mount.fuse3` calls `safs <volume> <mountpoint> -o opts` for the
+/// `safs#<volume>` form).
 pub fn run_mount_helper(args: Vec<String>) -> anyhow::Result<()> {
     let mut positional = Vec::new();
     let mut options = Vec::new();
@@ -57,6 +59,10 @@ pub fn run_mount_helper(args: Vec<String>) -> anyhow::Result<()> {
     let [volume, mountpoint]: [String; 2] = positional
         .try_into()
         .map_err(|_| anyhow::anyhow!("usage: mount.fuse.safs <volume> <mountpoint> [-o options]"))?;
+    let opts: Vec<&str> = options.iter().flat_map(|o| o.split(',')).collect();
+    if opts.contains(&"remount") {
+        return mount::remount(Path::new(&mountpoint), opts.contains(&"ro"));
+    }
     mount::run(mount::MountArgs {
         volume: PathBuf::from(volume),
         mountpoint: PathBuf::from(mountpoint),

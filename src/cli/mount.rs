@@ -270,3 +270,16 @@ fn serve(volume: &Path, mountpoint: &Path, o: &MountOpts, daemon_child: bool) ->
     close.context("final metadata commit failed")?;
     Ok(())
 }
+
+/// `mount -o remount,ro|rw`: flips the kernel's read-only flag on a live
+/// mount; the kernel then refuses writes with EROFS before they reach us.
+pub fn remount(mountpoint: &Path, read_only: bool) -> anyhow::Result<()> {
+    use nix::mount::MsFlags;
+    let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    if read_only {
+        flags |= MsFlags::MS_RDONLY;
+    }
+    nix::mount::mount(None::<&str>, mountpoint, None::<&str>, flags, None::<&str>)
+        .with_context(|| format!("cannot remount {}", mountpoint.display()))?;
+    Ok(())
+}
