@@ -414,3 +414,6 @@ fn check_name(name: &[u8]) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

@@ -164,6 +164,20 @@ fn write_new_volume(layout: &Layout, opts: &FormatOptions) -> Result<Superblock,
     let meta = layout.meta();
     b.create(&meta).map_err(io_err(&meta))?;
     let store = LmdbStore::open(&meta)?;
+    let (sb, records) = initial_records(opts);
+    store.commit(&records)?;
+    for f in ["data.mdb", "lock.mdb"] {
+        let p = meta.join(f);
+        if p.exists() {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).map_err(io_err(&p))?;
+        }
+    }
+    Ok(sb)
+}
+
+/// The records of a new, empty volume: superblock, counters, root directory.
+pub fn initial_records(opts: &FormatOptions) -> (Superblock, Vec<crate::meta::Write>) {
     let now = Timestamp::now();
     let sb = Superblock {
         format_version: FORMAT_VERSION,
@@ -192,19 +206,12 @@ fn write_new_volume(layout: &Layout, opts: &FormatOptions) -> Result<Superblock,
         inodes: 1,
     };
     let rk = keys::inode(ROOT_INO);
-    store.commit(&[
+    let records = vec![
         (keys::SUPERBLOCK.to_vec(), Some(sb.encode())),
         (keys::COUNTERS.to_vec(), Some(counters.encode())),
         (rk.to_vec(), Some(root.encode(&rk))),
-    ])?;
-    for f in ["data.mdb", "lock.mdb"] {
-        let p = meta.join(f);
-        if p.exists() {
-            use std::os::unix::fs::PermissionsExt;
-            fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).map_err(io_err(&p))?;
-        }
-    }
-    Ok(sb)
+    ];
+    (sb, records)
 }
 
 /// Reads and checks the superblock.
