@@ -9,7 +9,13 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let argv0 = args
         .first()
-        .map(|a| std::path::Path::new(a).file_name().unwrap_or_default().to_string_lossy().into_owned())
+        .map(|a| {
+            std::path::Path::new(a)
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned()
+        })
         .unwrap_or_default();
     // mount.fuse3 runs `safs <volume> <mountpoint> -o opts` for fstab
     // entries of the `safs#<volume>` form: no subcommand, two paths.

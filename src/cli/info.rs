@@ -24,12 +24,16 @@ pub fn volume_of_mount(mnt: &Path) -> Option<PathBuf> {
         let mut r = right.split(' ');
         let fstype = r.next()?;
         let source = r.next()?;
-        (fstype == "fuse.safs" && Path::new(&unescape(target)) == mnt).then(|| PathBuf::from(unescape(source)))
+        (fstype == "fuse.safs" && Path::new(&unescape(target)) == mnt)
+            .then(|| PathBuf::from(unescape(source)))
     })
 }
 
 fn unescape(s: &str) -> String {
-    s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
 }
 
 pub fn run(a: InfoArgs) -> anyhow::Result<()> {
@@ -38,9 +42,13 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     } else if let Some(v) = volume_of_mount(&a.path) {
         (v, Some(a.path.clone()))
     } else {
-        anyhow::bail!("{} is neither a safs volume nor a safs mountpoint", a.path.display());
+        anyhow::bail!(
+            "{} is neither a safs volume nor a safs mountpoint",
+            a.path.display()
+        );
     };
-    let (store, sb) = volume::open_store(&vol).with_context(|| format!("cannot open volume {}", vol.display()))?;
+    let (store, sb) = volume::open_store(&vol)
+        .with_context(|| format!("cannot open volume {}", vol.display()))?;
     let counters = store
         .get(keys::COUNTERS)?
         .map(|r| Counters::decode(&r))
@@ -54,7 +62,10 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     println!("format version: {}", sb.format_version);
     println!("inline xattrs:  {} bytes per inode", sb.inline_bytes);
     if let Some(c) = counters {
-        println!("inodes:         {} (next inode number {})", c.inodes, c.next_ino);
+        println!(
+            "inodes:         {} (next inode number {})",
+            c.inodes, c.next_ino
+        );
     }
     use safs::meta::MetaStore;
     println!("metadata size:  {} bytes", store.disk_bytes());

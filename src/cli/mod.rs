@@ -9,7 +9,11 @@ use std::path::{Path, PathBuf};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "safs", version, about = "safs: a FUSE filesystem built for metadata speed (xattrs live with the inode)")]
+#[command(
+    name = "safs",
+    version,
+    about = "safs: a FUSE filesystem built for metadata speed (xattrs live with the inode)"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -44,7 +48,10 @@ pub fn run_mount_helper(args: Vec<String>) -> anyhow::Result<()> {
     let mut it = args.into_iter().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
-            "-o" => options.push(it.next().ok_or_else(|| anyhow::anyhow!("-o needs an argument"))?),
+            "-o" => options.push(
+                it.next()
+                    .ok_or_else(|| anyhow::anyhow!("-o needs an argument"))?,
+            ),
             // mount(8) passes these; none changes what safs does.
             "-n" | "-s" | "-v" | "-f" | "-r" | "-w" => {
                 if a == "-r" {
@@ -56,9 +63,9 @@ pub fn run_mount_helper(args: Vec<String>) -> anyhow::Result<()> {
             _ => positional.push(a),
         }
     }
-    let [volume, mountpoint]: [String; 2] = positional
-        .try_into()
-        .map_err(|_| anyhow::anyhow!("usage: mount.fuse.safs <volume> <mountpoint> [-o options]"))?;
+    let [volume, mountpoint]: [String; 2] = positional.try_into().map_err(|_| {
+        anyhow::anyhow!("usage: mount.fuse.safs <volume> <mountpoint> [-o options]")
+    })?;
     let opts: Vec<&str> = options.iter().flat_map(|o| o.split(',')).collect();
     if opts.contains(&"remount") {
         return mount::remount(Path::new(&mountpoint), opts.contains(&"ro"));

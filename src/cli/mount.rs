@@ -63,7 +63,11 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
         commit_ms: 5,
         threads: 4,
     };
-    for opt in raw.iter().flat_map(|s| s.split(',')).filter(|s| !s.is_empty()) {
+    for opt in raw
+        .iter()
+        .flat_map(|s| s.split(','))
+        .filter(|s| !s.is_empty())
+    {
         let (key, val) = match opt.split_once('=') {
             Some((k, v)) => (k, Some(v)),
             None => (opt, None),
@@ -99,8 +103,20 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
                 }
             }
             // Passed by mount(8) and fstab; nothing for safs to do.
-            "defaults" | "auto" | "noauto" | "user" | "nouser" | "users" | "_netdev" | "nofail" | "exec"
-            | "noexec" | "atime" | "noatime" | "relatime" | "default_permissions" => {}
+            "defaults"
+            | "auto"
+            | "noauto"
+            | "user"
+            | "nouser"
+            | "users"
+            | "_netdev"
+            | "nofail"
+            | "exec"
+            | "noexec"
+            | "atime"
+            | "noatime"
+            | "relatime"
+            | "default_permissions" => {}
             k if k.starts_with("x-") || k.starts_with("comment=") => {}
             k => bail!("unknown mount option '{k}' (see `safs mount --help`)"),
         }
@@ -109,12 +125,16 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
 }
 
 fn check_mountpoint(mnt: &Path, nonempty: bool) -> anyhow::Result<()> {
-    let meta = std::fs::metadata(mnt).with_context(|| format!("mountpoint {} does not exist", mnt.display()))?;
+    let meta = std::fs::metadata(mnt)
+        .with_context(|| format!("mountpoint {} does not exist", mnt.display()))?;
     if !meta.is_dir() {
         bail!("mountpoint {} is not a directory", mnt.display());
     }
     if !nonempty && std::fs::read_dir(mnt)?.next().is_some() {
-        bail!("mountpoint {} is not empty (use -o nonempty to mount over it)", mnt.display());
+        bail!(
+            "mountpoint {} is not empty (use -o nonempty to mount over it)",
+            mnt.display()
+        );
     }
     if !Path::new("/dev/fuse").exists() {
         bail!("/dev/fuse is missing: load the fuse module (modprobe fuse) or install fuse3");
@@ -124,13 +144,21 @@ fn check_mountpoint(mnt: &Path, nonempty: bool) -> anyhow::Result<()> {
 
 pub fn run(a: MountArgs) -> anyhow::Result<()> {
     let opts = parse_options(&a.options)?;
-    let volume = std::fs::canonicalize(&a.volume).with_context(|| format!("volume {} does not exist", a.volume.display()))?;
+    let volume = std::fs::canonicalize(&a.volume)
+        .with_context(|| format!("volume {} does not exist", a.volume.display()))?;
     if !Layout::new(&volume).is_volume() {
-        bail!("{} is not a safs volume (create one with `safs format`)", volume.display());
+        bail!(
+            "{} is not a safs volume (create one with `safs format`)",
+            volume.display()
+        );
     }
     if VolumeLock::is_held(&volume) {
         let pid = std::fs::read_to_string(Layout::new(&volume).lock()).unwrap_or_default();
-        bail!("volume {} is already mounted (daemon pid {})", volume.display(), pid.trim());
+        bail!(
+            "volume {} is already mounted (daemon pid {})",
+            volume.display(),
+            pid.trim()
+        );
     }
     check_mountpoint(&a.mountpoint, opts.nonempty)?;
     let mountpoint = std::fs::canonicalize(&a.mountpoint)?;
@@ -145,7 +173,10 @@ pub fn run(a: MountArgs) -> anyhow::Result<()> {
 fn spawn_daemon(volume: &Path, mountpoint: &Path, options: &[String]) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("cannot find the safs executable")?;
     let mut cmd = Command::new(exe);
-    cmd.arg("mount").arg(volume).arg(mountpoint).arg("--daemon-child");
+    cmd.arg("mount")
+        .arg(volume)
+        .arg(mountpoint)
+        .arg("--daemon-child");
     for o in options {
         cmd.arg("-o").arg(o);
     }
@@ -175,16 +206,32 @@ fn spawn_daemon(volume: &Path, mountpoint: &Path, options: &[String]) -> anyhow:
 fn init_logging(to_file: Option<&Path>) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SAFS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
-    let res = match to_file.and_then(|p| std::fs::OpenOptions::new().create(true).append(true).open(p).ok()) {
-        Some(f) => builder.with_ansi(false).with_writer(std::sync::Mutex::new(f)).try_init(),
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false);
+    let res = match to_file.and_then(|p| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .ok()
+    }) {
+        Some(f) => builder
+            .with_ansi(false)
+            .with_writer(std::sync::Mutex::new(f))
+            .try_init(),
         None => builder.with_writer(std::io::stderr).try_init(),
     };
     let _ = res;
 }
 
 /// Mounts and serves until unmounted or signalled.
-fn serve(volume: &Path, mountpoint: &Path, o: &MountOpts, daemon_child: bool) -> anyhow::Result<()> {
+fn serve(
+    volume: &Path,
+    mountpoint: &Path,
+    o: &MountOpts,
+    daemon_child: bool,
+) -> anyhow::Result<()> {
     let layout = Layout::new(volume);
     if daemon_child {
         // Detach from the caller's session so its terminal signals do not
@@ -217,7 +264,11 @@ fn serve(volume: &Path, mountpoint: &Path, o: &MountOpts, daemon_child: bool) ->
         // The kernel checks permissions (mode bits and ACLs) itself: no
         // ACCESS round trips, and the same rules as any local filesystem.
         MountOption::DefaultPermissions,
-        if o.read_only { MountOption::RO } else { MountOption::RW },
+        if o.read_only {
+            MountOption::RO
+        } else {
+            MountOption::RW
+        },
     ];
     if o.dev {
         mount_options.push(MountOption::Dev);
@@ -227,13 +278,22 @@ fn serve(volume: &Path, mountpoint: &Path, o: &MountOpts, daemon_child: bool) ->
     }
     let mut config = Config::default();
     config.mount_options = mount_options;
-    config.acl = if o.allow_other { SessionACL::All } else { SessionACL::Owner };
+    config.acl = if o.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
     config.n_threads = Some(o.threads);
     config.clone_fd = true;
 
     let adapter = SafsFuse::new(Arc::clone(&fs), o.data_path);
-    let mut session = fuser::Session::new(adapter, mountpoint, &config)
-        .map_err(|e| anyhow::anyhow!("cannot mount {} on {}: {e}", volume.display(), mountpoint.display()))?;
+    let mut session = fuser::Session::new(adapter, mountpoint, &config).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot mount {} on {}: {e}",
+            volume.display(),
+            mountpoint.display()
+        )
+    })?;
 
     let mut unmounter = session.unmount_callable();
     let mut signals = signal_hook::iterator::Signals::new([
@@ -242,20 +302,26 @@ fn serve(volume: &Path, mountpoint: &Path, o: &MountOpts, daemon_child: bool) ->
         signal_hook::consts::SIGHUP,
     ])?;
     let sig_handle = signals.handle();
-    std::thread::Builder::new().name("safs-signals".into()).spawn(move || {
-        if let Some(sig) = signals.forever().next() {
-            tracing::info!(signal = sig, "signal received: unmounting");
-            if let Err(e) = unmounter.unmount() {
-                tracing::error!(error = %e, "unmount on signal failed");
+    std::thread::Builder::new()
+        .name("safs-signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                tracing::info!(signal = sig, "signal received: unmounting");
+                if let Err(e) = unmounter.unmount() {
+                    tracing::error!(error = %e, "unmount on signal failed");
+                }
             }
-        }
-    })?;
+        })?;
 
     tracing::info!(volume = %volume.display(), mountpoint = %mountpoint.display(), "mounted");
     if daemon_child {
         println!("{READY}");
         // From here on nobody reads our pipes: send everything to the log.
-        if let Ok(f) = std::fs::OpenOptions::new().create(true).append(true).open(layout.log()) {
+        if let Ok(f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(layout.log())
+        {
             let _ = nix::unistd::dup2_stdout(&f);
             let _ = nix::unistd::dup2_stderr(&f);
         }

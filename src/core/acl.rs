@@ -165,10 +165,19 @@ mod tests {
 
     #[test]
     fn chmod_rewrites_mask_not_group() {
-        let a = acl(&[(USER_OBJ, 7, 0), (USER, 7, 5), (GROUP_OBJ, 7, 0), (MASK, 7, 0), (OTHER, 7, 0)]);
+        let a = acl(&[
+            (USER_OBJ, 7, 0),
+            (USER, 7, 5),
+            (GROUP_OBJ, 7, 0),
+            (MASK, 7, 0),
+            (OTHER, 7, 0),
+        ]);
         let b = parse(&chmod(&a, 0o640).unwrap()).unwrap();
         let perm = |t| b.iter().find(|e| e.tag == t).unwrap().perm;
-        assert_eq!((perm(USER_OBJ), perm(GROUP_OBJ), perm(MASK), perm(OTHER)), (6, 7, 4, 0));
+        assert_eq!(
+            (perm(USER_OBJ), perm(GROUP_OBJ), perm(MASK), perm(OTHER)),
+            (6, 7, 4, 0)
+        );
     }
 
     #[test]

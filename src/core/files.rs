@@ -10,7 +10,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{CoreError, Ctx, Fs, OpenInode, Result};
+use super::{CoreError, Ctx, Fs, Result};
 use crate::format::dirent::encode_marker;
 use crate::format::inode::{S_IFREG, Timestamp};
 use crate::format::keys;
@@ -65,7 +65,7 @@ impl Fs {
             inode.ctime = now;
             self.put_inode(&mut st, &mut w, ino, inode);
         }
-        let o = st.open.entry(ino).or_insert_with(OpenInode::default);
+        let o = st.open.entry(ino).or_default();
         o.handles += 1;
         if mode.write {
             if o.writers == 0 {
@@ -89,7 +89,15 @@ impl Fs {
     }
 
     /// Creates and opens a regular file (`O_CREAT` with no existing name).
-    pub fn create(&self, ctx: &Ctx, parent: u64, name: &[u8], mode: u32, umask: u32, flags: i32) -> Result<(super::Attr, Arc<Handle>)> {
+    pub fn create(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        flags: i32,
+    ) -> Result<(super::Attr, Arc<Handle>)> {
         let attr = self.make_node(ctx, parent, name, S_IFREG | (mode & 0o7777), umask, 0, None)?;
         let mut om = OpenMode::from_flags(flags);
         om.truncate = false;
@@ -104,7 +112,11 @@ impl Fs {
     }
 
     pub fn handle(&self, fh: u64) -> Result<Arc<Handle>> {
-        self.handles.lock().get(&fh).cloned().ok_or(CoreError::BadHandle)
+        self.handles
+            .lock()
+            .get(&fh)
+            .cloned()
+            .ok_or(CoreError::BadHandle)
     }
 
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
@@ -186,7 +198,8 @@ impl Fs {
         let h = self.handle(fh)?;
         self.writable()?;
         let flags = nix::fcntl::FallocateFlags::from_bits(mode).ok_or(CoreError::NotSupported)?;
-        nix::fcntl::fallocate(&*h.file, flags, offset as i64, length as i64).map_err(std::io::Error::from)?;
+        nix::fcntl::fallocate(&*h.file, flags, offset as i64, length as i64)
+            .map_err(std::io::Error::from)?;
         let mut st = self.state.lock();
         let mut inode = self.inode(&mut st, h.ino)?;
         self.reconcile(h.ino, &mut inode, Some(&h.file))?;

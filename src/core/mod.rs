@@ -152,12 +152,24 @@ impl Fs {
     /// Opens the volume at `dir` on `engine`, reclaims inodes left unlinked
     /// but open by a previous run, and reconciles files that were open for
     /// writing when it stopped.
-    pub fn mount(dir: &Path, engine: Arc<dyn MetaStore>, sb: Superblock, opts: Options) -> Result<Self> {
+    pub fn mount(
+        dir: &Path,
+        engine: Arc<dyn MetaStore>,
+        sb: Superblock,
+        opts: Options,
+    ) -> Result<Self> {
         let layout = Layout::new(dir);
         let data = DataStore::new(&layout.data());
         let counters = match engine.get(keys::COUNTERS)? {
-            Some(rec) => Counters::decode(&rec).map_err(|e| CoreError::corrupt(keys::COUNTERS, e))?,
-            None => return Err(CoreError::corrupt(keys::COUNTERS, crate::format::FormatError::Truncated(0))),
+            Some(rec) => {
+                Counters::decode(&rec).map_err(|e| CoreError::corrupt(keys::COUNTERS, e))?
+            }
+            None => {
+                return Err(CoreError::corrupt(
+                    keys::COUNTERS,
+                    crate::format::FormatError::Truncated(0),
+                ));
+            }
         };
         let store = Store::new(engine, opts.commit_interval);
         let cap = NonZeroUsize::new(opts.inode_cache.max(16)).expect("non-zero");
@@ -311,7 +323,13 @@ impl Fs {
                 None
             }
         };
-        for key in [keys::inode(ino), keys::spill(ino), keys::symlink(ino), keys::orphan(ino), keys::writing(ino)] {
+        for key in [
+            keys::inode(ino),
+            keys::spill(ino),
+            keys::symlink(ino),
+            keys::orphan(ino),
+            keys::writing(ino),
+        ] {
             w.push((key.to_vec(), None));
         }
         if inode.as_ref().is_none_or(|i| i.overflow > 0) {
@@ -338,7 +356,9 @@ impl Fs {
         if st.lookups.get(&ino).copied().unwrap_or(0) > 0 || st.open.contains_key(&ino) {
             return Ok(());
         }
-        let Some(c) = self.load_opt(st, ino)? else { return Ok(()) };
+        let Some(c) = self.load_opt(st, ino)? else {
+            return Ok(());
+        };
         if c.inode.nlink > 0 {
             return Ok(());
         }
@@ -409,7 +429,8 @@ fn check_name(name: &[u8]) -> Result<()> {
     if name.len() > crate::format::NAME_MAX {
         return Err(CoreError::NameTooLong);
     }
-    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0) {
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)
+    {
         return Err(CoreError::Invalid);
     }
     Ok(())

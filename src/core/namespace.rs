@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use super::tiers;
 use super::{Attr, CoreError, Ctx, FIRST_COOKIE, Fs, Result, State, acl, check_name};
-use crate::format::dirent::{Dirent, IndexEntry, encode_symlink, encode_marker, decode_symlink};
+use crate::format::dirent::{Dirent, IndexEntry, decode_symlink, encode_marker, encode_symlink};
 use crate::format::inode::{Inode, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, Timestamp};
 use crate::format::keys;
 use crate::format::xattrs::XattrSet;
@@ -71,9 +71,8 @@ impl Work {
 
 impl Fs {
     fn w_get<'w>(&self, st: &mut State, work: &'w mut Work, ino: u64) -> Result<&'w mut Inode> {
-        if !work.inodes.contains_key(&ino) {
-            let inode = self.inode(st, ino)?;
-            work.inodes.insert(ino, inode);
+        if let std::collections::hash_map::Entry::Vacant(e) = work.inodes.entry(ino) {
+            e.insert(self.inode(st, ino)?);
         }
         if !work.dirty.contains(&ino) {
             work.dirty.push(ino);
@@ -92,12 +91,22 @@ impl Fs {
     fn dirent(&self, parent: u64, name: &[u8]) -> Result<Option<Dirent>> {
         let key = keys::dirent(parent, name);
         match self.store.get(&key)? {
-            Some(rec) => Ok(Some(Dirent::decode(&key, &rec).map_err(|e| CoreError::corrupt(&key, e))?)),
+            Some(rec) => Ok(Some(
+                Dirent::decode(&key, &rec).map_err(|e| CoreError::corrupt(&key, e))?,
+            )),
             None => Ok(None),
         }
     }
 
-    fn add_entry(&self, work: &mut Work, parent: &mut Inode, parent_ino: u64, name: &[u8], ino: u64, kind: u8) {
+    fn add_entry(
+        &self,
+        work: &mut Work,
+        parent: &mut Inode,
+        parent_ino: u64,
+        name: &[u8],
+        ino: u64,
+        kind: u8,
+    ) {
         let cookie = parent.next_cookie.max(FIRST_COOKIE);
         parent.next_cookie = cookie + 1;
         let dk = keys::dirent(parent_ino, name);
@@ -114,7 +123,8 @@ impl Fs {
 
     fn remove_entry(&self, work: &mut Work, parent_ino: u64, name: &[u8], d: &Dirent) {
         work.writes.push((keys::dirent(parent_ino, name), None));
-        work.writes.push((keys::dir_index(parent_ino, d.cookie).to_vec(), None));
+        work.writes
+            .push((keys::dir_index(parent_ino, d.cookie).to_vec(), None));
     }
 
     fn dir_is_empty(&self, ino: u64) -> Result<bool> {
@@ -127,7 +137,11 @@ impl Fs {
     /// kernel forgets them and every handle is closed.
     fn drop_link(&self, st: &mut State, work: &mut Work, ino: u64, now: Timestamp) -> Result<()> {
         let inode = self.w_get(st, work, ino)?;
-        inode.nlink = if inode.is_dir() { 0 } else { inode.nlink.saturating_sub(1) };
+        inode.nlink = if inode.is_dir() {
+            0
+        } else {
+            inode.nlink.saturating_sub(1)
+        };
         inode.ctime = now;
         if inode.nlink == 0 {
             let k = keys::orphan(ino);
@@ -208,7 +222,15 @@ impl Fs {
             // Keep an access ACL in step with the new mode (posix_acl_chmod).
             if let Some(a) = self.xattr_get_locked(&mut st, ino, acl::ACCESS)? {
                 if let Some(new) = acl::chmod(&a, mode) {
-                    self.xattr_store(&mut st, &mut w, ino, &mut inode, None, acl::ACCESS, Some(new))?;
+                    self.xattr_store(
+                        &mut st,
+                        &mut w,
+                        ino,
+                        &mut inode,
+                        None,
+                        acl::ACCESS,
+                        Some(new),
+                    )?;
                 }
             }
         }
@@ -254,7 +276,10 @@ impl Fs {
         }
         let key = keys::symlink(ino);
         let rec = self.store.get(&key)?.ok_or_else(|| {
-            CoreError::corrupt(&key, crate::format::FormatError::Malformed("symlink without target"))
+            CoreError::corrupt(
+                &key,
+                crate::format::FormatError::Malformed("symlink without target"),
+            )
         })?;
         decode_symlink(&key, &rec).map_err(|e| CoreError::corrupt(&key, e))
     }
@@ -298,7 +323,11 @@ impl Fs {
         let ftype = mode & S_IFMT;
         let is_dir = ftype == S_IFDIR;
         let now = Timestamp::now();
-        let gid = if p.mode & libc::S_ISGID != 0 { p.gid } else { ctx.gid };
+        let gid = if p.mode & libc::S_ISGID != 0 {
+            p.gid
+        } else {
+            ctx.gid
+        };
         let mut perm = mode & 0o7777;
         let mut inline = XattrSet::new();
         let mut spill = XattrSet::new();
@@ -349,13 +378,24 @@ impl Fs {
             generation: 1,
             parent: if is_dir { parent } else { 0 },
             next_cookie: if is_dir { FIRST_COOKIE } else { 0 },
-            spill_len: if spill.is_empty() { 0 } else { spill.packed_len() as u32 },
+            spill_len: if spill.is_empty() {
+                0
+            } else {
+                spill.packed_len() as u32
+            },
             overflow: 0,
             inline,
         };
         if !spill.is_empty() {
             let k = keys::spill(ino);
-            work.writes.push((k.to_vec(), Some(crate::format::envelope::seal(&k, crate::format::envelope::Kind::Spill, &spill.encode()))));
+            work.writes.push((
+                k.to_vec(),
+                Some(crate::format::envelope::seal(
+                    &k,
+                    crate::format::envelope::Kind::Spill,
+                    &spill.encode(),
+                )),
+            ));
         }
         if let Some(t) = target {
             let k = keys::symlink(ino);
@@ -478,7 +518,14 @@ impl Fs {
         self.maybe_free(&mut st, d.ino)
     }
 
-    pub fn rename(&self, parent: u64, name: &[u8], newparent: u64, newname: &[u8], flags: RenameFlags) -> Result<()> {
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
         self.writable()?;
         check_name(newname)?;
         if name.len() > crate::format::NAME_MAX {
@@ -536,7 +583,9 @@ impl Fs {
                 match (is_dir(src.kind), is_dir(dst.kind)) {
                     (true, false) => return Err(CoreError::NotDir),
                     (false, true) => return Err(CoreError::IsDir),
-                    (true, true) if !self.dir_is_empty(dst.ino)? => return Err(CoreError::NotEmpty),
+                    (true, true) if !self.dir_is_empty(dst.ino)? => {
+                        return Err(CoreError::NotEmpty);
+                    }
                     _ => {}
                 }
                 self.remove_entry(&mut work, newparent, newname, dst);
@@ -591,10 +640,20 @@ impl Fs {
         let mut out = Vec::with_capacity(limit.min(1024));
         let dtype = (S_IFDIR >> 12) as u8;
         if offset < 1 {
-            out.push(DirEntry { cookie: 1, ino, kind: dtype, name: b".".to_vec() });
+            out.push(DirEntry {
+                cookie: 1,
+                ino,
+                kind: dtype,
+                name: b".".to_vec(),
+            });
         }
         if offset < 2 {
-            out.push(DirEntry { cookie: 2, ino: dir.parent, kind: dtype, name: b"..".to_vec() });
+            out.push(DirEntry {
+                cookie: 2,
+                ino: dir.parent,
+                kind: dtype,
+                name: b"..".to_vec(),
+            });
         }
         let start = keys::dir_index(ino, offset.max(2) + 1);
         let (_, end) = keys::ino_range(keys::P_DIRINDEX, ino);
@@ -602,7 +661,12 @@ impl Fs {
         for (k, v) in self.store.scan(&start, &end, want)? {
             let e = IndexEntry::decode(&k, &v).map_err(|e| CoreError::corrupt(&k, e))?;
             let cookie = keys::key_cookie(&k).unwrap_or(0);
-            out.push(DirEntry { cookie, ino: e.ino, kind: e.kind, name: e.name });
+            out.push(DirEntry {
+                cookie,
+                ino: e.ino,
+                kind: e.kind,
+                name: e.name,
+            });
         }
         Ok(out)
     }
@@ -615,8 +679,8 @@ impl Fs {
     }
 
     pub fn statfs(&self) -> Result<Statfs> {
-        let vfs = nix::sys::statvfs::statvfs(self.layout.root.as_path())
-            .map_err(std::io::Error::from)?;
+        let vfs =
+            nix::sys::statvfs::statvfs(self.layout.root.as_path()).map_err(std::io::Error::from)?;
         let inodes = self.state.lock().counters.inodes;
         let bsize = vfs.fragment_size().max(512);
         let bavail = vfs.blocks_available();

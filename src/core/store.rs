@@ -122,7 +122,10 @@ impl Store {
             // Overlay first, engine second (see the module comment).
             let (pend, comm) = {
                 let ov = self.overlay.lock();
-                let range = (Bound::Included(cursor.clone()), Bound::Excluded(end.to_vec()));
+                let range = (
+                    Bound::Included(cursor.clone()),
+                    Bound::Excluded(end.to_vec()),
+                );
                 let take = |m: &Map| -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
                     m.range(range.clone())
                         .take(probe)
@@ -257,7 +260,10 @@ impl Store {
                 } else {
                     Duration::ZERO
                 };
-                if (ov.urgent || ov.shutdown || ov.pending_bytes > EAGER_BYTES || age >= self.interval)
+                if (ov.urgent
+                    || ov.shutdown
+                    || ov.pending_bytes > EAGER_BYTES
+                    || age >= self.interval)
                     && age >= backoff
                 {
                     break;

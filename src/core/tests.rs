@@ -20,14 +20,21 @@ impl MetaRead for Recording {
     fn get(&self, key: &[u8]) -> std::result::Result<Option<Vec<u8>>, MetaError> {
         self.inner.get(key)
     }
-    fn scan(&self, s: &[u8], e: &[u8], l: usize) -> std::result::Result<Vec<(Vec<u8>, Vec<u8>)>, MetaError> {
+    fn scan(
+        &self,
+        s: &[u8],
+        e: &[u8],
+        l: usize,
+    ) -> std::result::Result<Vec<(Vec<u8>, Vec<u8>)>, MetaError> {
         self.inner.scan(s, e, l)
     }
 }
 
 impl MetaStore for Recording {
     fn commit(&self, batch: &[Write]) -> std::result::Result<(), MetaError> {
-        self.written.lock().extend(batch.iter().map(|(k, _)| k.clone()));
+        self.written
+            .lock()
+            .extend(batch.iter().map(|(k, _)| k.clone()));
         self.inner.commit(batch)
     }
     fn disk_bytes(&self) -> u64 {
@@ -56,7 +63,11 @@ fn setup(budget: u32) -> T {
     });
     engine.commit(&recs).unwrap();
     let fs = remount(dir.path(), &engine, sb);
-    T { _dir: dir, engine, fs }
+    T {
+        _dir: dir,
+        engine,
+        fs,
+    }
 }
 
 fn remount(dir: &std::path::Path, engine: &Arc<Recording>, sb: Superblock) -> Fs {
@@ -68,9 +79,17 @@ fn remount(dir: &std::path::Path, engine: &Arc<Recording>, sb: Superblock) -> Fs
 }
 
 fn file(t: &T, name: &str) -> u64 {
-    t.fs.make_node(&Ctx::root(), 1, name.as_bytes(), libc::S_IFREG | 0o644, 0o022, 0, None)
-        .unwrap()
-        .ino
+    t.fs.make_node(
+        &Ctx::root(),
+        1,
+        name.as_bytes(),
+        libc::S_IFREG | 0o644,
+        0o022,
+        0,
+        None,
+    )
+    .unwrap()
+    .ino
 }
 
 #[test]
@@ -80,7 +99,10 @@ fn mtime_change_does_not_rewrite_spill() {
     t.fs.setxattr(ino, b"user.big", &[7u8; 2000], 0).unwrap();
     t.fs.sync().unwrap();
     let spill = keys::spill(ino).to_vec();
-    assert!(t.engine.written.lock().contains(&spill), "the value spilled");
+    assert!(
+        t.engine.written.lock().contains(&spill),
+        "the value spilled"
+    );
     t.engine.written.lock().clear();
     let set = SetAttr {
         mtime: Some(TimeSet::At(Timestamp { sec: 12, nsec: 34 })),
@@ -91,7 +113,10 @@ fn mtime_change_does_not_rewrite_spill() {
     t.fs.sync().unwrap();
     let written = t.engine.written.lock().clone();
     assert!(written.contains(&keys::inode(ino).to_vec()));
-    assert!(!written.contains(&spill), "spill rewritten by an unrelated change");
+    assert!(
+        !written.contains(&spill),
+        "spill rewritten by an unrelated change"
+    );
     assert_eq!(t.fs.getxattr(ino, b"user.big").unwrap(), vec![7u8; 2000]);
 }
 
@@ -101,20 +126,28 @@ fn tiers_survive_remount_and_absent_names_need_no_read() {
     let ino = file(&t, "f");
     let sizes = [0usize, 1, 200, 1000, 30_000, 65_536, 65_536, 65_536];
     for (i, s) in sizes.iter().enumerate() {
-        t.fs.setxattr(ino, format!("user.v{i}").as_bytes(), &vec![i as u8; *s], 0).unwrap();
+        t.fs.setxattr(ino, format!("user.v{i}").as_bytes(), &vec![i as u8; *s], 0)
+            .unwrap();
     }
     t.fs.close().unwrap();
     let sb = t.fs.superblock().clone();
     let fs = remount(t._dir.path(), &t.engine, sb);
     for (i, s) in sizes.iter().enumerate() {
-        assert_eq!(fs.getxattr(ino, format!("user.v{i}").as_bytes()).unwrap(), vec![i as u8; *s]);
+        assert_eq!(
+            fs.getxattr(ino, format!("user.v{i}").as_bytes()).unwrap(),
+            vec![i as u8; *s]
+        );
     }
     let names = fs.listxattr(&Ctx::root(), ino).unwrap();
     assert_eq!(names.iter().filter(|&&b| b == 0).count(), sizes.len());
-    assert!(matches!(fs.getxattr(ino, b"user.none"), Err(CoreError::NoData)));
+    assert!(matches!(
+        fs.getxattr(ino, b"user.none"),
+        Err(CoreError::NoData)
+    ));
     // Removing everything leaves no spill or overflow records behind.
     for i in 0..sizes.len() {
-        fs.removexattr(ino, format!("user.v{i}").as_bytes()).unwrap();
+        fs.removexattr(ino, format!("user.v{i}").as_bytes())
+            .unwrap();
     }
     fs.sync().unwrap();
     let (s, e) = keys::ino_range(keys::P_OVERFLOW, ino);
@@ -128,21 +161,49 @@ fn tiers_survive_remount_and_absent_names_need_no_read() {
 fn xattr_flags_and_limits() {
     let t = setup(320);
     let ino = file(&t, "f");
-    assert!(matches!(t.fs.setxattr(ino, b"user.a", b"1", xattr::XATTR_REPLACE), Err(CoreError::NoData)));
-    t.fs.setxattr(ino, b"user.a", b"1", xattr::XATTR_CREATE).unwrap();
-    assert!(matches!(t.fs.setxattr(ino, b"user.a", b"2", xattr::XATTR_CREATE), Err(CoreError::Exists)));
-    t.fs.setxattr(ino, b"user.a", b"2", xattr::XATTR_REPLACE).unwrap();
-    assert!(matches!(t.fs.setxattr(ino, b"user.b", &vec![0; 65_537], 0), Err(CoreError::TooBig)));
-    assert!(matches!(t.fs.setxattr(ino, &[b'u'; 256], b"", 0), Err(CoreError::Range)));
-    assert!(matches!(t.fs.setxattr(ino, b"other.x", b"", 0), Err(CoreError::NotSupported)));
-    assert!(matches!(t.fs.removexattr(ino, b"user.zz"), Err(CoreError::NoData)));
+    assert!(matches!(
+        t.fs.setxattr(ino, b"user.a", b"1", xattr::XATTR_REPLACE),
+        Err(CoreError::NoData)
+    ));
+    t.fs.setxattr(ino, b"user.a", b"1", xattr::XATTR_CREATE)
+        .unwrap();
+    assert!(matches!(
+        t.fs.setxattr(ino, b"user.a", b"2", xattr::XATTR_CREATE),
+        Err(CoreError::Exists)
+    ));
+    t.fs.setxattr(ino, b"user.a", b"2", xattr::XATTR_REPLACE)
+        .unwrap();
+    assert!(matches!(
+        t.fs.setxattr(ino, b"user.b", &vec![0; 65_537], 0),
+        Err(CoreError::TooBig)
+    ));
+    assert!(matches!(
+        t.fs.setxattr(ino, &[b'u'; 256], b"", 0),
+        Err(CoreError::Range)
+    ));
+    assert!(matches!(
+        t.fs.setxattr(ino, b"other.x", b"", 0),
+        Err(CoreError::NotSupported)
+    ));
+    assert!(matches!(
+        t.fs.removexattr(ino, b"user.zz"),
+        Err(CoreError::NoData)
+    ));
 }
 
 #[test]
 fn unlinked_open_file_is_reclaimed_at_next_mount() {
     let t = setup(320);
     let ino = file(&t, "f");
-    let h = t.fs.open(ino, OpenMode { write: true, truncate: false }).unwrap();
+    let h =
+        t.fs.open(
+            ino,
+            OpenMode {
+                write: true,
+                truncate: false,
+            },
+        )
+        .unwrap();
     t.fs.write(h.fh, 0, b"hello").unwrap();
     t.fs.unlink(1, b"f").unwrap();
     // Still readable through the handle.
@@ -155,14 +216,29 @@ fn unlinked_open_file_is_reclaimed_at_next_mount() {
     fs.sync().unwrap();
     assert!(t.engine.get(&keys::orphan(ino)).unwrap().is_none());
     assert!(t.engine.get(&keys::inode(ino)).unwrap().is_none());
-    assert!(!t._dir.path().join("data").join(format!("{:02x}", ino & 0xff)).join(format!("{ino:016x}")).exists());
+    assert!(
+        !t._dir
+            .path()
+            .join("data")
+            .join(format!("{:02x}", ino & 0xff))
+            .join(format!("{ino:016x}"))
+            .exists()
+    );
 }
 
 #[test]
 fn size_of_file_open_for_writing_is_reconciled_at_next_mount() {
     let t = setup(320);
     let ino = file(&t, "f");
-    let h = t.fs.open(ino, OpenMode { write: true, truncate: false }).unwrap();
+    let h =
+        t.fs.open(
+            ino,
+            OpenMode {
+                write: true,
+                truncate: false,
+            },
+        )
+        .unwrap();
     t.fs.write(h.fh, 0, &[1u8; 10_000]).unwrap();
     assert_eq!(t.fs.getattr(ino).unwrap().size, 10_000);
     t.fs.sync().unwrap();
@@ -178,16 +254,35 @@ fn rename_rules() {
     let ctx = Ctx::root();
     let a = file(&t, "a");
     let b = file(&t, "b");
-    let d = t.fs.make_node(&ctx, 1, b"d", libc::S_IFDIR | 0o755, 0, 0, None).unwrap().ino;
-    let noreplace = RenameFlags { noreplace: true, exchange: false };
-    assert!(matches!(t.fs.rename(1, b"a", 1, b"b", noreplace), Err(CoreError::Exists)));
-    assert!(matches!(t.fs.rename(1, b"a", 1, b"d", RenameFlags::default()), Err(CoreError::IsDir)));
-    assert!(matches!(t.fs.rename(1, b"d", 1, b"a", RenameFlags::default()), Err(CoreError::NotDir)));
-    let exchange = RenameFlags { noreplace: false, exchange: true };
+    let d =
+        t.fs.make_node(&ctx, 1, b"d", libc::S_IFDIR | 0o755, 0, 0, None)
+            .unwrap()
+            .ino;
+    let noreplace = RenameFlags {
+        noreplace: true,
+        exchange: false,
+    };
+    assert!(matches!(
+        t.fs.rename(1, b"a", 1, b"b", noreplace),
+        Err(CoreError::Exists)
+    ));
+    assert!(matches!(
+        t.fs.rename(1, b"a", 1, b"d", RenameFlags::default()),
+        Err(CoreError::IsDir)
+    ));
+    assert!(matches!(
+        t.fs.rename(1, b"d", 1, b"a", RenameFlags::default()),
+        Err(CoreError::NotDir)
+    ));
+    let exchange = RenameFlags {
+        noreplace: false,
+        exchange: true,
+    };
     t.fs.rename(1, b"a", 1, b"d", exchange).unwrap();
     assert_eq!(t.fs.lookup(1, b"a").unwrap().ino, d);
     assert_eq!(t.fs.lookup(1, b"d").unwrap().ino, a);
-    t.fs.rename(1, b"d", 1, b"b", RenameFlags::default()).unwrap();
+    t.fs.rename(1, b"d", 1, b"b", RenameFlags::default())
+        .unwrap();
     assert_eq!(t.fs.lookup(1, b"b").unwrap().ino, a);
     assert!(matches!(t.fs.lookup(1, b"d"), Err(CoreError::NotFound)));
     // The replaced file is an orphan until the kernel forgets it.
@@ -195,9 +290,13 @@ fn rename_rules() {
     t.fs.forget(b, 1);
     assert!(matches!(t.fs.getattr(b), Err(CoreError::NotFound)));
     // Moving a directory keeps link counts.
-    let e = t.fs.make_node(&ctx, 1, b"e", libc::S_IFDIR | 0o755, 0, 0, None).unwrap().ino;
+    let e =
+        t.fs.make_node(&ctx, 1, b"e", libc::S_IFDIR | 0o755, 0, 0, None)
+            .unwrap()
+            .ino;
     let root_links = t.fs.getattr(1).unwrap().nlink;
-    t.fs.rename(1, b"a", e, b"moved", RenameFlags::default()).unwrap();
+    t.fs.rename(1, b"a", e, b"moved", RenameFlags::default())
+        .unwrap();
     assert_eq!(t.fs.getattr(1).unwrap().nlink, root_links - 1);
     assert_eq!(t.fs.getattr(e).unwrap().nlink, 3);
     let entries = t.fs.readdir(d, 0, 10).unwrap();
@@ -246,24 +345,56 @@ fn readdir_cookies_survive_changes() {
 fn default_acl_is_inherited() {
     let t = setup(320);
     let ctx = Ctx::root();
-    let d = t.fs.make_node(&ctx, 1, b"d", libc::S_IFDIR | 0o777, 0o022, 0, None).unwrap().ino;
+    let d =
+        t.fs.make_node(&ctx, 1, b"d", libc::S_IFDIR | 0o777, 0o022, 0, None)
+            .unwrap()
+            .ino;
     // u::rwx u:1000:rwx g::r-x m::rwx o::---
     let mut acl = 2u32.to_le_bytes().to_vec();
-    for (tag, perm, id) in [(1u16, 7u16, 0u32), (2, 7, 1000), (4, 5, 0), (0x10, 7, 0), (0x20, 0, 0)] {
+    for (tag, perm, id) in [
+        (1u16, 7u16, 0u32),
+        (2, 7, 1000),
+        (4, 5, 0),
+        (0x10, 7, 0),
+        (0x20, 0, 0),
+    ] {
         acl.extend_from_slice(&tag.to_le_bytes());
         acl.extend_from_slice(&perm.to_le_bytes());
         acl.extend_from_slice(&id.to_le_bytes());
     }
-    t.fs.setxattr(d, b"system.posix_acl_default", &acl, 0).unwrap();
-    let f = t.fs.make_node(&ctx, d, b"f", libc::S_IFREG | 0o666, 0o022, 0, None).unwrap();
-    assert_eq!(f.mode & 0o777, 0o660, "mode masked by the default ACL, not the umask");
+    t.fs.setxattr(d, b"system.posix_acl_default", &acl, 0)
+        .unwrap();
+    let f =
+        t.fs.make_node(&ctx, d, b"f", libc::S_IFREG | 0o666, 0o022, 0, None)
+            .unwrap();
+    assert_eq!(
+        f.mode & 0o777,
+        0o660,
+        "mode masked by the default ACL, not the umask"
+    );
     assert!(t.fs.getxattr(f.ino, b"system.posix_acl_access").is_ok());
-    let sub = t.fs.make_node(&ctx, d, b"s", libc::S_IFDIR | 0o777, 0o022, 0, None).unwrap();
-    assert_eq!(t.fs.getxattr(sub.ino, b"system.posix_acl_default").unwrap(), acl);
+    let sub =
+        t.fs.make_node(&ctx, d, b"s", libc::S_IFDIR | 0o777, 0o022, 0, None)
+            .unwrap();
+    assert_eq!(
+        t.fs.getxattr(sub.ino, b"system.posix_acl_default").unwrap(),
+        acl
+    );
     // chmod rewrites the mask entry of the access ACL.
-    t.fs.setattr(&ctx, f.ino, &SetAttr { mode: Some(0o600), ..SetAttr::default() }).unwrap();
+    t.fs.setattr(
+        &ctx,
+        f.ino,
+        &SetAttr {
+            mode: Some(0o600),
+            ..SetAttr::default()
+        },
+    )
+    .unwrap();
     let a = t.fs.getxattr(f.ino, b"system.posix_acl_access").unwrap();
-    let mask = a[4..].chunks(8).find(|c| u16::from_le_bytes([c[0], c[1]]) == 0x10).unwrap();
+    let mask = a[4..]
+        .chunks(8)
+        .find(|c| u16::from_le_bytes([c[0], c[1]]) == 0x10)
+        .unwrap();
     assert_eq!(u16::from_le_bytes([mask[2], mask[3]]), 0);
 }
 

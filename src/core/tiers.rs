@@ -78,7 +78,12 @@ pub fn set(
 }
 
 /// Removes `name` from whichever tier holds it.
-pub fn remove(inline: &mut XattrSet, spill: &mut XattrSet, in_overflow: bool, name: &[u8]) -> Touched {
+pub fn remove(
+    inline: &mut XattrSet,
+    spill: &mut XattrSet,
+    in_overflow: bool,
+    name: &[u8],
+) -> Touched {
     let mut t = Touched::default();
     match locate(inline, spill, in_overflow, name) {
         Some(Tier::Inline) => {
@@ -109,7 +114,15 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            (0u8..12, prop_oneof![0usize..64, 64usize..400, 1000usize..20_000, 30_000usize..=65_536])
+            (
+                0u8..12,
+                prop_oneof![
+                    0usize..64,
+                    64usize..400,
+                    1000usize..20_000,
+                    30_000usize..=65_536
+                ]
+            )
                 .prop_map(|(n, s)| Op::Set(n, s)),
             (0u8..12).prop_map(Op::Remove),
         ]

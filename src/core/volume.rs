@@ -52,7 +52,9 @@ pub enum VolumeError {
     CorruptSuperblock(FormatError),
     #[error("volume has no superblock (not a safs volume, or formatting was interrupted)")]
     NoSuperblock,
-    #[error("volume format version {found} is newer than this safs understands ({FORMAT_VERSION}); upgrade safs")]
+    #[error(
+        "volume format version {found} is newer than this safs understands ({FORMAT_VERSION}); upgrade safs"
+    )]
     NewerFormat { found: u32 },
     #[error("volume uses features this safs does not know ({0:#x}); upgrade safs")]
     UnknownFeatures(u64),
@@ -216,7 +218,9 @@ pub fn initial_records(opts: &FormatOptions) -> (Superblock, Vec<crate::meta::Wr
 
 /// Reads and checks the superblock.
 pub fn read_superblock(store: &dyn MetaStore) -> Result<Superblock, VolumeError> {
-    let rec = store.get(keys::SUPERBLOCK)?.ok_or(VolumeError::NoSuperblock)?;
+    let rec = store
+        .get(keys::SUPERBLOCK)?
+        .ok_or(VolumeError::NoSuperblock)?;
     let sb = Superblock::decode(&rec).map_err(VolumeError::CorruptSuperblock)?;
     if sb.format_version > FORMAT_VERSION {
         return Err(VolumeError::NewerFormat {

@@ -26,7 +26,11 @@ fn check_name(name: &[u8]) -> Result<()> {
         .any(|p| name.len() > p.len() && name.starts_with(p))
         || name == acl::ACCESS
         || name == acl::DEFAULT;
-    if ok { Ok(()) } else { Err(CoreError::NotSupported) }
+    if ok {
+        Ok(())
+    } else {
+        Err(CoreError::NotSupported)
+    }
 }
 
 /// Where a value to read lives, decided under the state lock.
@@ -48,7 +52,10 @@ impl Fs {
         } else {
             let key = keys::spill(ino);
             let rec = self.store.get(&key)?.ok_or_else(|| {
-                CoreError::corrupt(&key, crate::format::FormatError::Malformed("spill record missing"))
+                CoreError::corrupt(
+                    &key,
+                    crate::format::FormatError::Malformed("spill record missing"),
+                )
             })?;
             let payload = open(&key, Kind::Spill, &rec).map_err(|e| CoreError::corrupt(&key, e))?;
             XattrSet::decode(payload).map_err(|e| CoreError::corrupt(&key, e))?
@@ -73,18 +80,31 @@ impl Fs {
                 return Ok(Found::Value(v.to_vec()));
             }
         }
-        Ok(if overflow { Found::Overflow } else { Found::Absent })
+        Ok(if overflow {
+            Found::Overflow
+        } else {
+            Found::Absent
+        })
     }
 
     fn overflow_get(&self, ino: u64, name: &[u8]) -> Result<Option<Vec<u8>>> {
         let key = keys::overflow(ino, name);
         match self.store.get(&key)? {
-            Some(rec) => Ok(Some(open(&key, Kind::Overflow, &rec).map_err(|e| CoreError::corrupt(&key, e))?.to_vec())),
+            Some(rec) => Ok(Some(
+                open(&key, Kind::Overflow, &rec)
+                    .map_err(|e| CoreError::corrupt(&key, e))?
+                    .to_vec(),
+            )),
             None => Ok(None),
         }
     }
 
-    pub(super) fn xattr_get_locked(&self, st: &mut State, ino: u64, name: &[u8]) -> Result<Option<Vec<u8>>> {
+    pub(super) fn xattr_get_locked(
+        &self,
+        st: &mut State,
+        ino: u64,
+        name: &[u8],
+    ) -> Result<Option<Vec<u8>>> {
         match self.find(st, ino, name)? {
             Found::Value(v) => Ok(Some(v)),
             Found::Absent => Ok(None),
@@ -117,7 +137,14 @@ impl Fs {
             && self.store.get(&keys::overflow(ino, name))?.is_some();
         let before = tiers::locate(&inode.inline, &spill, in_overflow, name);
         let t = match value {
-            Some(v) => tiers::set(&mut inode.inline, &mut spill, in_overflow, self.budget, name, v),
+            Some(v) => tiers::set(
+                &mut inode.inline,
+                &mut spill,
+                in_overflow,
+                self.budget,
+                name,
+                v,
+            ),
             None => tiers::remove(&mut inode.inline, &mut spill, in_overflow, name),
         };
         if t.spill {
@@ -190,7 +217,15 @@ impl Fs {
             return Err(CoreError::NoData);
         }
         let mut w = Vec::new();
-        self.xattr_store(&mut st, &mut w, ino, &mut inode, None, name, Some(value.to_vec()))?;
+        self.xattr_store(
+            &mut st,
+            &mut w,
+            ino,
+            &mut inode,
+            None,
+            name,
+            Some(value.to_vec()),
+        )?;
         inode.ctime = Timestamp::now();
         self.put_inode(&mut st, &mut w, ino, inode);
         self.commit(w)
@@ -204,7 +239,10 @@ impl Fs {
         let mut st = self.state.lock();
         let mut inode = self.inode(&mut st, ino)?;
         let mut w = Vec::new();
-        if self.xattr_store(&mut st, &mut w, ino, &mut inode, None, name, None)?.is_none() {
+        if self
+            .xattr_store(&mut st, &mut w, ino, &mut inode, None, name, None)?
+            .is_none()
+        {
             return Err(CoreError::NoData);
         }
         inode.ctime = Timestamp::now();
@@ -218,7 +256,11 @@ impl Fs {
         let (inline, spill, overflow) = {
             let mut st = self.state.lock();
             let inode = self.inode(&mut st, ino)?;
-            let spill = if inode.spill_len > 0 { Some(self.spill_set(&mut st, ino)?) } else { None };
+            let spill = if inode.spill_len > 0 {
+                Some(self.spill_set(&mut st, ino)?)
+            } else {
+                None
+            };
             (inode.inline, spill, inode.overflow > 0)
         };
         let mut names: Vec<Vec<u8>> = inline.names().map(<[u8]>::to_vec).collect();
@@ -231,7 +273,8 @@ impl Fs {
                 names.push(keys::key_name(&k).to_vec());
             }
         }
-        let show_trusted = names.iter().any(|n| n.starts_with(b"trusted.")) && ctx.has_cap(super::creds::CAP_SYS_ADMIN);
+        let show_trusted = names.iter().any(|n| n.starts_with(b"trusted."))
+            && ctx.has_cap(super::creds::CAP_SYS_ADMIN);
         let mut out = Vec::new();
         for n in names {
             if n.starts_with(b"trusted.") && !show_trusted {

@@ -97,7 +97,9 @@ impl Inode {
 
     pub fn encode(&self, key: &[u8]) -> Vec<u8> {
         let mut p = Vec::with_capacity(128 + self.inline.packed_len());
-        for v in [self.mode, self.uid, self.gid, self.nlink, self.rdev, self.flags] {
+        for v in [
+            self.mode, self.uid, self.gid, self.nlink, self.rdev, self.flags,
+        ] {
             p.extend_from_slice(&v.to_be_bytes());
         }
         p.extend_from_slice(&self.size.to_be_bytes());

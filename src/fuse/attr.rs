@@ -11,7 +11,8 @@ pub fn system_time(t: Timestamp) -> SystemTime {
     if t.sec >= 0 {
         UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
     } else {
-        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs()) + Duration::from_nanos(u64::from(t.nsec))
+        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs())
+            + Duration::from_nanos(u64::from(t.nsec))
     }
 }
 
@@ -77,9 +78,15 @@ mod tests {
     fn negative_times_round_trip() {
         for t in [
             Timestamp { sec: -1, nsec: 5 },
-            Timestamp { sec: -100, nsec: 999_999_999 },
+            Timestamp {
+                sec: -100,
+                nsec: 999_999_999,
+            },
             Timestamp { sec: 0, nsec: 0 },
-            Timestamp { sec: 1_700_000_000, nsec: 123 },
+            Timestamp {
+                sec: 1_700_000_000,
+                nsec: 123,
+            },
         ] {
             assert_eq!(timestamp(system_time(t)), t);
         }

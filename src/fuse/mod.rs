@@ -18,8 +18,8 @@ use std::time::{Duration, SystemTime};
 use fuser::{
     BackingId, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
@@ -165,7 +165,9 @@ impl Filesystem for SafsFuse {
                     tracing::error!("kernel does not offer FUSE passthrough, and it was required");
                     return Err(std::io::Error::from_raw_os_error(libc::ENOSYS));
                 }
-                tracing::warn!("kernel does not offer FUSE passthrough; file data goes through the daemon");
+                tracing::warn!(
+                    "kernel does not offer FUSE passthrough; file data goes through the daemon"
+                );
             }
         }
         let _ = config.set_max_write(1 << 20);
@@ -236,14 +238,41 @@ impl Filesystem for SafsFuse {
         }
     }
 
-    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
-        let r = self.fs.make_node(&ctx(req), parent.0, name.as_bytes(), mode, umask, rdev, None);
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self.fs.make_node(
+            &ctx(req),
+            parent.0,
+            name.as_bytes(),
+            mode,
+            umask,
+            rdev,
+            None,
+        );
         self.entry(reply, r);
     }
 
-    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
         let mode = libc::S_IFDIR | (mode & 0o7777);
-        let r = self.fs.make_node(&ctx(req), parent.0, name.as_bytes(), mode, umask, 0, None);
+        let r = self
+            .fs
+            .make_node(&ctx(req), parent.0, name.as_bytes(), mode, umask, 0, None);
         self.entry(reply, r);
     }
 
@@ -261,7 +290,14 @@ impl Filesystem for SafsFuse {
         }
     }
 
-    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
         let r = self.fs.make_node(
             &ctx(req),
             parent.0,
@@ -291,13 +327,26 @@ impl Filesystem for SafsFuse {
             noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
         };
-        match self.fs.rename(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), f) {
+        match self.fs.rename(
+            parent.0,
+            name.as_bytes(),
+            newparent.0,
+            newname.as_bytes(),
+            f,
+        ) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e.into()),
         }
     }
 
-    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
         let r = self.fs.link(ino.0, newparent.0, newname.as_bytes());
         self.entry(reply, r);
     }
@@ -315,15 +364,40 @@ impl Filesystem for SafsFuse {
         }
     }
 
-    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
-        match self.fs.create(&ctx(req), parent.0, name.as_bytes(), mode, umask, flags) {
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        match self
+            .fs
+            .create(&ctx(req), parent.0, name.as_bytes(), mode, umask, flags)
+        {
             Ok((a, h)) => {
                 let attr = file_attr(&a);
                 let generation = Generation(a.generation);
                 if let Some(id) = self.backing_for(&h, |f| reply.open_backing(f)) {
-                    reply.created_passthrough(&TTL, &attr, generation, FileHandle(h.fh), FopenFlags::empty(), &id);
+                    reply.created_passthrough(
+                        &TTL,
+                        &attr,
+                        generation,
+                        FileHandle(h.fh),
+                        FopenFlags::empty(),
+                        &id,
+                    );
                 } else {
-                    reply.created(&TTL, &attr, generation, FileHandle(h.fh), FopenFlags::empty());
+                    reply.created(
+                        &TTL,
+                        &attr,
+                        generation,
+                        FileHandle(h.fh),
+                        FopenFlags::empty(),
+                    );
                 }
             }
             Err(e) => reply.error(e.into()),
@@ -365,7 +439,14 @@ impl Filesystem for SafsFuse {
         }
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         reply.ok();
     }
 
@@ -393,7 +474,14 @@ impl Filesystem for SafsFuse {
         }
     }
 
-    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         // Waiting for the commit must not hold up other requests.
         let fs = Arc::clone(&self.fs);
         std::thread::spawn(move || match fs.fsync(fh.0, datasync) {
@@ -407,14 +495,24 @@ impl Filesystem for SafsFuse {
             Ok(k) if k == libc::S_IFDIR => {
                 // The kernel keeps the listing in its page cache and drops
                 // it when the directory's mtime changes.
-                reply.opened(FileHandle(0), FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE)
+                reply.opened(
+                    FileHandle(0),
+                    FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+                )
             }
             Ok(_) => reply.error(Errno::from_i32(libc::ENOTDIR)),
             Err(e) => reply.error(e.into()),
         }
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         let mut offset = offset;
         loop {
             let page = match self.fs.readdir(ino.0, offset, 256) {
@@ -425,7 +523,12 @@ impl Filesystem for SafsFuse {
                 break;
             }
             for e in page {
-                if reply.add(INodeNo(e.ino), e.cookie, attr::dtype(e.kind), OsStr::from_bytes(&e.name)) {
+                if reply.add(
+                    INodeNo(e.ino),
+                    e.cookie,
+                    attr::dtype(e.kind),
+                    OsStr::from_bytes(&e.name),
+                ) {
                     return reply.ok();
                 }
                 offset = e.cookie;
@@ -434,7 +537,14 @@ impl Filesystem for SafsFuse {
         reply.ok();
     }
 
-    fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
         let mut offset = offset;
         loop {
             let page = match self.fs.readdir(ino.0, offset, 128) {
@@ -454,7 +564,14 @@ impl Filesystem for SafsFuse {
                     Err(err) => return reply.error(err.into()),
                 };
                 let dots = e.name == b"." || e.name == b"..";
-                if reply.add(INodeNo(e.ino), e.cookie, OsStr::from_bytes(&e.name), &TTL, &file_attr(&a), Generation(a.generation)) {
+                if reply.add(
+                    INodeNo(e.ino),
+                    e.cookie,
+                    OsStr::from_bytes(&e.name),
+                    &TTL,
+                    &file_attr(&a),
+                    Generation(a.generation),
+                ) {
                     return reply.ok();
                 }
                 // The kernel takes a reference for every entry but the dots.
@@ -467,7 +584,14 @@ impl Filesystem for SafsFuse {
         reply.ok();
     }
 
-    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         let fs = Arc::clone(&self.fs);
         std::thread::spawn(move || match fs.sync() {
             Ok(()) => reply.ok(),
@@ -477,12 +601,23 @@ impl Filesystem for SafsFuse {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         match self.fs.statfs() {
-            Ok(s) => reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize),
+            Ok(s) => reply.statfs(
+                s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize,
+            ),
             Err(e) => reply.error(e.into()),
         }
     }
 
-    fn setxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
         match self.fs.setxattr(ino.0, name.as_bytes(), value, flags) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e.into()),
@@ -515,14 +650,31 @@ impl Filesystem for SafsFuse {
         reply.ok();
     }
 
-    fn fallocate(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
         match self.fs.fallocate(fh.0, offset, length, mode) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e.into()),
         }
     }
 
-    fn lseek(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
         match self.fs.lseek(fh.0, offset, whence) {
             Ok(o) => reply.offset(o),
             Err(e) => reply.error(e.into()),

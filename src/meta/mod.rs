@@ -16,6 +16,9 @@ use thiserror::Error;
 /// One write of a batch: a put (`Some`) or a delete (`None`).
 pub type Write = (Vec<u8>, Option<Vec<u8>>);
 
+/// Key-value pairs in key order, as scans return them.
+pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum MetaError {
@@ -33,12 +36,7 @@ pub trait MetaRead {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, MetaError>;
 
     /// Up to `limit` pairs with `start <= key < end`, in key order.
-    fn scan(
-        &self,
-        start: &[u8],
-        end: &[u8],
-        limit: usize,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, MetaError>;
+    fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Pairs, MetaError>;
 }
 
 /// A metadata engine.
@@ -80,7 +78,9 @@ pub(crate) mod conformance {
         store.commit(&[(b"nope".to_vec(), None)]).unwrap();
         // A large value.
         let big = vec![7u8; 70_000];
-        store.commit(&[(b"big".to_vec(), Some(big.clone()))]).unwrap();
+        store
+            .commit(&[(b"big".to_vec(), Some(big.clone()))])
+            .unwrap();
         assert_eq!(store.get(b"big").unwrap(), Some(big));
     }
 }
