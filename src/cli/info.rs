@@ -12,6 +12,65 @@ use safs::meta::MetaRead;
 pub struct InfoArgs {
     /// A volume directory or the mountpoint of a mounted safs.
     pub path: PathBuf,
+    /// Also print the running daemon's FUSE request counts and latencies.
+    #[arg(long)]
+    pub stats: bool,
+    /// Print the request statistics as JSON (implies --stats).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Resolves a volume directory or a safs mountpoint to (volume, mountpoint).
+pub fn resolve(path: &Path) -> anyhow::Result<(PathBuf, Option<PathBuf>)> {
+    if Layout::new(path).is_volume() {
+        Ok((path.to_path_buf(), None))
+    } else if let Some(v) = volume_of_mount(path) {
+        Ok((v, Some(path.to_path_buf())))
+    } else {
+        anyhow::bail!(
+            "{} is neither a safs volume nor a safs mountpoint",
+            path.display()
+        );
+    }
+}
+
+fn print_stats(vol: &Path, json: bool) -> anyhow::Result<()> {
+    let stats = safs::control::request(vol, "stats")?.unwrap_or_default();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&stats)?);
+        return Ok(());
+    }
+    println!(
+        "inode cache:    {} of {} inodes",
+        stats.cached_inodes, stats.inode_cache_capacity
+    );
+    println!();
+    println!(
+        "{:<12} {:>12} {:>10} {:>9} {:>9}",
+        "request", "count", "mean µs", "p50 <µs", "p99 <µs"
+    );
+    for op in &stats.ops {
+        let quantile = |q: f64| {
+            let target = (op.count as f64 * q).ceil() as u64;
+            let mut seen = 0;
+            for (i, n) in op.hist.iter().enumerate() {
+                seen += n;
+                if seen >= target.max(1) {
+                    return 1u64 << i;
+                }
+            }
+            1 << (op.hist.len() - 1)
+        };
+        println!(
+            "{:<12} {:>12} {:>10.1} {:>9} {:>9}",
+            op.op,
+            op.count,
+            op.total_ns as f64 / op.count.max(1) as f64 / 1000.0,
+            quantile(0.5),
+            quantile(0.99)
+        );
+    }
+    Ok(())
 }
 
 /// The volume mounted at `mnt`, from /proc/self/mountinfo.
@@ -75,6 +134,10 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         println!("mounted:        yes (daemon pid {})", pid.trim());
     } else {
         println!("mounted:        no");
+    }
+    if a.stats {
+        println!();
+        print_stats(&vol, false)?;
     }
     Ok(())
 }

@@ -25,8 +25,18 @@ pub enum Command {
     Format(format::FormatArgs),
     /// Mount a volume; returns once the mount is live (daemon in background).
     Mount(mount::MountArgs),
-    /// Print what a volume or a mounted safs is.
+    /// Print what a volume or a mounted safs is (and, with --stats, its
+    /// request counts).
     Info(info::InfoArgs),
+    /// Make every change on a mounted safs durable (what sync(1) cannot do
+    /// for FUSE filesystems).
+    Sync(SyncArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SyncArgs {
+    /// The mountpoint (or volume directory) of a mounted safs.
+    pub path: PathBuf,
 }
 
 /// Runs the command; the error is printed by `main` and turns into exit 1.
@@ -35,6 +45,11 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Format(a) => format::run(a),
         Command::Mount(a) => mount::run(a),
         Command::Info(a) => info::run(a),
+        Command::Sync(a) => {
+            let (vol, _) = info::resolve(&a.path)?;
+            safs::control::request(&vol, "sync")?;
+            Ok(())
+        }
     }
 }
 

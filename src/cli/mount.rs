@@ -286,7 +286,10 @@ fn serve(
     config.n_threads = Some(o.threads);
     config.clone_fd = true;
 
-    let adapter = SafsFuse::new(Arc::clone(&fs), o.data_path);
+    let stats = Arc::new(safs::fuse::stats::Stats::default());
+    safs::control::serve(volume, Arc::clone(&fs), Arc::clone(&stats))
+        .context("cannot open the control socket")?;
+    let adapter = SafsFuse::new(Arc::clone(&fs), o.data_path, stats);
     let mut session = fuser::Session::new(adapter, mountpoint, &config).map_err(|e| {
         anyhow::anyhow!(
             "cannot mount {} on {}: {e}",
@@ -330,6 +333,7 @@ fn serve(
     sig_handle.close();
     // `destroy` committed the last batch; make sure even if it was not sent.
     let close = fs.close();
+    let _ = std::fs::remove_file(safs::control::socket_path(volume));
     drop(lock);
     tracing::info!("unmounted");
     res.context("FUSE session failed")?;

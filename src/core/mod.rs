@@ -438,3 +438,16 @@ fn check_name(name: &[u8]) -> Result<()> {
 
 #[cfg(test)]
 mod tests;
+
+impl Fs {
+    /// (inodes cached, cache capacity).
+    pub fn cache_figures(&self) -> (usize, usize) {
+        let st = self.state.lock();
+        (st.cache.len(), st.cache.cap().get())
+    }
+
+    /// Empties the inode cache (the store overlay stays: it is not a cache).
+    pub fn drop_caches(&self) {
+        self.state.lock().cache.clear();
+    }
+}

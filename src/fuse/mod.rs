@@ -7,6 +7,7 @@
 //! passthrough when the kernel allows it.
 
 mod attr;
+pub mod stats;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -25,6 +26,7 @@ use parking_lot::Mutex;
 
 use crate::core::{self, CoreError, Ctx, Fs, OpenMode, SetAttr, TimeSet};
 use attr::{file_attr, timestamp};
+use stats::{Op, Stats};
 
 /// Entry and attribute lifetime in the kernel's caches.
 pub const TTL: Duration = Duration::from_secs(3600);
@@ -65,6 +67,7 @@ pub struct SafsFuse {
     /// file per inode at a time, so every open of an inode shares one id:
     /// held weakly by inode, strongly by each handle until its release.
     backing: Mutex<Backing>,
+    stats: Arc<Stats>,
 }
 
 #[derive(Default)]
@@ -74,12 +77,13 @@ struct Backing {
 }
 
 impl SafsFuse {
-    pub fn new(fs: Arc<Fs>, data_path: DataPath) -> Self {
+    pub fn new(fs: Arc<Fs>, data_path: DataPath, stats: Arc<Stats>) -> Self {
         SafsFuse {
             fs,
             data_path,
             passthrough: false,
             backing: Mutex::new(Backing::default()),
+            stats,
         }
     }
 
@@ -182,15 +186,18 @@ impl Filesystem for SafsFuse {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _t = self.stats.start(Op::Lookup);
         let r = self.fs.lookup(parent.0, name.as_bytes());
         self.entry(reply, r);
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let _t = self.stats.start(Op::Forget);
         self.fs.forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _t = self.stats.start(Op::Getattr);
         match self.fs.getattr(ino.0) {
             Ok(a) => reply.attr(&TTL, &file_attr(&a)),
             Err(e) => reply.error(e.into()),
@@ -215,6 +222,7 @@ impl Filesystem for SafsFuse {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _t = self.stats.start(Op::Setattr);
         let set = SetAttr {
             mode,
             uid,
@@ -232,6 +240,7 @@ impl Filesystem for SafsFuse {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let _t = self.stats.start(Op::Readlink);
         match self.fs.readlink(ino.0) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(e.into()),
@@ -248,6 +257,7 @@ impl Filesystem for SafsFuse {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        let _t = self.stats.start(Op::Mknod);
         let r = self.fs.make_node(
             &ctx(req),
             parent.0,
@@ -269,6 +279,7 @@ impl Filesystem for SafsFuse {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        let _t = self.stats.start(Op::Mkdir);
         let mode = libc::S_IFDIR | (mode & 0o7777);
         let r = self
             .fs
@@ -277,6 +288,7 @@ impl Filesystem for SafsFuse {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _t = self.stats.start(Op::Unlink);
         match self.fs.unlink(parent.0, name.as_bytes()) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e.into()),
@@ -284,6 +296,7 @@ impl Filesystem for SafsFuse {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _t = self.stats.start(Op::Rmdir);
         match self.fs.rmdir(parent.0, name.as_bytes()) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e.into()),
@@ -298,6 +311,7 @@ impl Filesystem for SafsFuse {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        let _t = self.stats.start(Op::Symlink);
         let r = self.fs.make_node(
             &ctx(req),
             parent.0,
@@ -320,6 +334,7 @@ impl Filesystem for SafsFuse {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _t = self.stats.start(Op::Rename);
         if flags.contains(RenameFlags::RENAME_WHITEOUT) {
             return reply.error(Errno::from_i32(libc::EINVAL));
         }
@@ -347,11 +362,13 @@ impl Filesystem for SafsFuse {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        let _t = self.stats.start(Op::Link);
         let r = self.fs.link(ino.0, newparent.0, newname.as_bytes());
         self.entry(reply, r);
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _t = self.stats.start(Op::Open);
         match self.fs.open(ino.0, OpenMode::from_flags(flags.0)) {
             Ok(h) => {
                 if let Some(id) = self.backing_for(&h, |f| reply.open_backing(f)) {
@@ -374,6 +391,7 @@ impl Filesystem for SafsFuse {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let _t = self.stats.start(Op::Create);
         match self
             .fs
             .create(&ctx(req), parent.0, name.as_bytes(), mode, umask, flags)
@@ -415,6 +433,7 @@ impl Filesystem for SafsFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let _t = self.stats.start(Op::Read);
         match self.fs.read(fh.0, offset, size) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(e.into()),
@@ -433,6 +452,7 @@ impl Filesystem for SafsFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let _t = self.stats.start(Op::Write);
         match self.fs.write(fh.0, offset, data) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(e.into()),
@@ -447,6 +467,7 @@ impl Filesystem for SafsFuse {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        let _t = self.stats.start(Op::Flush);
         reply.ok();
     }
 
@@ -460,6 +481,7 @@ impl Filesystem for SafsFuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let _t = self.stats.start(Op::Release);
         {
             let mut b = self.backing.lock();
             if let Some(id) = b.by_fh.remove(&fh.0) {
@@ -482,6 +504,7 @@ impl Filesystem for SafsFuse {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _t = self.stats.start(Op::Fsync);
         // Waiting for the commit must not hold up other requests.
         let fs = Arc::clone(&self.fs);
         std::thread::spawn(move || match fs.fsync(fh.0, datasync) {
@@ -491,6 +514,7 @@ impl Filesystem for SafsFuse {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _t = self.stats.start(Op::Opendir);
         match self.fs.kind(ino.0) {
             Ok(k) if k == libc::S_IFDIR => {
                 // The kernel keeps the listing in its page cache and drops
@@ -513,6 +537,7 @@ impl Filesystem for SafsFuse {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        let _t = self.stats.start(Op::Readdir);
         let mut offset = offset;
         loop {
             let page = match self.fs.readdir(ino.0, offset, 256) {
@@ -545,6 +570,7 @@ impl Filesystem for SafsFuse {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        let _t = self.stats.start(Op::Readdirplus);
         let mut offset = offset;
         loop {
             let page = match self.fs.readdir(ino.0, offset, 128) {
@@ -584,6 +610,18 @@ impl Filesystem for SafsFuse {
         reply.ok();
     }
 
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        let _t = self.stats.start(Op::Releasedir);
+        reply.ok();
+    }
+
     fn fsyncdir(
         &self,
         _req: &Request,
@@ -592,6 +630,7 @@ impl Filesystem for SafsFuse {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _t = self.stats.start(Op::Fsyncdir);
         let fs = Arc::clone(&self.fs);
         std::thread::spawn(move || match fs.sync() {
             Ok(()) => reply.ok(),
@@ -600,6 +639,7 @@ impl Filesystem for SafsFuse {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let _t = self.stats.start(Op::Statfs);
         match self.fs.statfs() {
             Ok(s) => reply.statfs(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize,
@@ -618,6 +658,7 @@ impl Filesystem for SafsFuse {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        let _t = self.stats.start(Op::Setxattr);
         match self.fs.setxattr(ino.0, name.as_bytes(), value, flags) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e.into()),
@@ -625,6 +666,7 @@ impl Filesystem for SafsFuse {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _t = self.stats.start(Op::Getxattr);
         match self.fs.getxattr(ino.0, name.as_bytes()) {
             Ok(v) => xattr_reply(reply, &v, size),
             Err(e) => reply.error(e.into()),
@@ -632,6 +674,7 @@ impl Filesystem for SafsFuse {
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _t = self.stats.start(Op::Listxattr);
         match self.fs.listxattr(&ctx(req), ino.0) {
             Ok(v) => xattr_reply(reply, &v, size),
             Err(e) => reply.error(e.into()),
@@ -639,6 +682,7 @@ impl Filesystem for SafsFuse {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _t = self.stats.start(Op::Removexattr);
         match self.fs.removexattr(ino.0, name.as_bytes()) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e.into()),
@@ -646,6 +690,7 @@ impl Filesystem for SafsFuse {
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        let _t = self.stats.start(Op::Access);
         // Only reached without default_permissions, which safs always sets.
         reply.ok();
     }
@@ -660,6 +705,7 @@ impl Filesystem for SafsFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        let _t = self.stats.start(Op::Fallocate);
         match self.fs.fallocate(fh.0, offset, length, mode) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e.into()),
@@ -675,6 +721,7 @@ impl Filesystem for SafsFuse {
         whence: i32,
         reply: ReplyLseek,
     ) {
+        let _t = self.stats.start(Op::Lseek);
         match self.fs.lseek(fh.0, offset, whence) {
             Ok(o) => reply.offset(o),
             Err(e) => reply.error(e.into()),

@@ -1,0 +1,124 @@
+//! The daemon's control socket, `<volume>/control.sock` (mode 0600): how
+//! `safs info --stats` and `safs bench` talk to a running mount.
+//!
+//! Protocol: one request line, one JSON reply line.
+//! - `stats`: request counts and latency histograms per FUSE operation, plus
+//!   the core's cache figures;
+//! - `sync`: make every change so far durable (what `syncfs` would do, had
+//!   Linux forwarded it);
+//! - `drop-caches`: empty the daemon's inode cache (cold-cache benchmarks).
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::Fs;
+use crate::fuse::stats::{OpReport, Stats};
+
+pub fn socket_path(volume: &Path) -> PathBuf {
+    volume.join("control.sock")
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct StatsReply {
+    pub pid: u32,
+    pub ops: Vec<OpReport>,
+    pub cached_inodes: usize,
+    pub inode_cache_capacity: usize,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Reply {
+    ok: bool,
+    error: Option<String>,
+    stats: Option<StatsReply>,
+}
+
+/// Serves the control socket on a thread of its own until the process ends.
+pub fn serve(volume: &Path, fs: Arc<Fs>, stats: Arc<Stats>) -> std::io::Result<()> {
+    let path = socket_path(volume);
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    std::thread::Builder::new()
+        .name("safs-control".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                if let Err(e) = handle(conn, &fs, &stats) {
+                    tracing::debug!(error = %e, "control connection");
+                }
+            }
+        })?;
+    Ok(())
+}
+
+fn handle(conn: UnixStream, fs: &Fs, stats: &Stats) -> std::io::Result<()> {
+    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut line = String::new();
+    BufReader::new(&conn).read_line(&mut line)?;
+    let reply = match line.trim() {
+        "stats" => {
+            let (cached, cap) = fs.cache_figures();
+            Reply {
+                ok: true,
+                error: None,
+                stats: Some(StatsReply {
+                    pid: std::process::id(),
+                    ops: stats.report(),
+                    cached_inodes: cached,
+                    inode_cache_capacity: cap,
+                }),
+            }
+        }
+        "sync" => match fs.sync() {
+            Ok(()) => Reply {
+                ok: true,
+                error: None,
+                stats: None,
+            },
+            Err(e) => Reply {
+                ok: false,
+                error: Some(e.to_string()),
+                stats: None,
+            },
+        },
+        "drop-caches" => {
+            fs.drop_caches();
+            Reply {
+                ok: true,
+                error: None,
+                stats: None,
+            }
+        }
+        other => Reply {
+            ok: false,
+            error: Some(format!("unknown command {other:?}")),
+            stats: None,
+        },
+    };
+    let mut w = &conn;
+    serde_json::to_writer(&mut w, &reply)?;
+    w.write_all(b"\n")
+}
+
+/// Sends `cmd` to the daemon serving `volume`; returns its stats if any.
+pub fn request(volume: &Path, cmd: &str) -> anyhow::Result<Option<StatsReply>> {
+    let path = socket_path(volume);
+    let mut conn = UnixStream::connect(&path)
+        .map_err(|e| anyhow::anyhow!("cannot reach the safs daemon at {}: {e}", path.display()))?;
+    conn.set_read_timeout(Some(Duration::from_secs(60)))?;
+    conn.write_all(format!("{cmd}\n").as_bytes())?;
+    let mut line = String::new();
+    BufReader::new(&conn).read_line(&mut line)?;
+    let reply: Reply = serde_json::from_str(&line)?;
+    if !reply.ok {
+        anyhow::bail!("daemon: {}", reply.error.unwrap_or_default());
+    }
+    Ok(reply.stats)
+}

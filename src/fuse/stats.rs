@@ -1,0 +1,134 @@
+//! Request accounting: how many FUSE requests of each kind the daemon
+//! served and how long it took, as a power-of-two latency histogram.
+//!
+//! These counts are the figure that explains all the others in a benchmark
+//! (requests per operation), so they are always on: one relaxed atomic add
+//! per request for the count and one for the bucket.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+macro_rules! ops {
+    ($($name:ident => $text:literal),+ $(,)?) => {
+        /// The FUSE operations safs answers.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(usize)]
+        pub enum Op { $($name),+ }
+        pub const OP_NAMES: &[&str] = &[$($text),+];
+    };
+}
+
+ops! {
+    Lookup => "lookup", Forget => "forget", Getattr => "getattr", Setattr => "setattr",
+    Readlink => "readlink", Mknod => "mknod", Mkdir => "mkdir", Unlink => "unlink",
+    Rmdir => "rmdir", Symlink => "symlink", Rename => "rename", Link => "link",
+    Open => "open", Read => "read", Write => "write", Flush => "flush",
+    Release => "release", Fsync => "fsync", Opendir => "opendir", Readdir => "readdir",
+    Readdirplus => "readdirplus", Releasedir => "releasedir", Fsyncdir => "fsyncdir",
+    Statfs => "statfs", Setxattr => "setxattr", Getxattr => "getxattr",
+    Listxattr => "listxattr", Removexattr => "removexattr", Access => "access",
+    Create => "create", Fallocate => "fallocate", Lseek => "lseek",
+}
+
+/// Histogram buckets: bucket `i` counts requests that took < 2^i µs (the
+/// last one everything slower).
+pub const BUCKETS: usize = 24;
+
+struct OpStats {
+    count: AtomicU64,
+    nanos: AtomicU64,
+    hist: [AtomicU64; BUCKETS],
+}
+
+pub struct Stats {
+    ops: Vec<OpStats>,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            ops: OP_NAMES
+                .iter()
+                .map(|_| OpStats {
+                    count: AtomicU64::new(0),
+                    nanos: AtomicU64::new(0),
+                    hist: std::array::from_fn(|_| AtomicU64::new(0)),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Records one request when dropped.
+pub struct Timer<'a> {
+    stats: &'a Stats,
+    op: Op,
+    start: Instant,
+}
+
+impl Drop for Timer<'_> {
+    fn drop(&mut self) {
+        let ns = self.start.elapsed().as_nanos() as u64;
+        let s = &self.stats.ops[self.op as usize];
+        s.count.fetch_add(1, Ordering::Relaxed);
+        s.nanos.fetch_add(ns, Ordering::Relaxed);
+        let us = ns / 1000;
+        let bucket = (u64::BITS - us.leading_zeros()) as usize;
+        s.hist[bucket.min(BUCKETS - 1)].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// One operation's figures, as reported.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct OpReport {
+    pub op: String,
+    pub count: u64,
+    pub total_ns: u64,
+    /// `hist[i]`: requests that took < 2^i µs (and ≥ 2^(i-1) µs).
+    pub hist: Vec<u64>,
+}
+
+impl Stats {
+    pub fn start(&self, op: Op) -> Timer<'_> {
+        Timer {
+            stats: self,
+            op,
+            start: Instant::now(),
+        }
+    }
+
+    /// The operations served at least once.
+    pub fn report(&self) -> Vec<OpReport> {
+        self.ops
+            .iter()
+            .zip(OP_NAMES)
+            .filter(|(s, _)| s.count.load(Ordering::Relaxed) > 0)
+            .map(|(s, name)| OpReport {
+                op: (*name).to_string(),
+                count: s.count.load(Ordering::Relaxed),
+                total_ns: s.nanos.load(Ordering::Relaxed),
+                hist: s.hist.iter().map(|h| h.load(Ordering::Relaxed)).collect(),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_and_buckets() {
+        let s = Stats::default();
+        for _ in 0..3 {
+            let _t = s.start(Op::Getxattr);
+        }
+        let r = s.report();
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].op, "getxattr");
+        assert_eq!(r[0].count, 3);
+        assert_eq!(r[0].hist.iter().sum::<u64>(), 3);
+    }
+}
