@@ -11,5 +11,6 @@
 pub mod control;
 pub mod core;
 pub mod format;
+pub mod fsck;
 pub mod fuse;
 pub mod meta;

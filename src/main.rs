@@ -21,14 +21,18 @@ fn main() {
     // entries of the `safs#<volume>` form: no subcommand, two paths.
     let helper_form = args.len() >= 3
         && !args[1].starts_with('-')
-        && !["format", "mount", "info", "sync", "help"].contains(&args[1].as_str());
+        && !["format", "mount", "info", "sync", "fsck", "bench", "help"]
+            .contains(&args[1].as_str());
     let result = if argv0.starts_with("mount.fuse.safs") || argv0 == "mount.safs" || helper_form {
-        cli::run_mount_helper(args)
+        cli::run_mount_helper(args).map(|()| 0)
     } else {
         cli::run(cli::Cli::parse())
     };
-    if let Err(e) = result {
-        eprintln!("safs: {e:#}");
-        std::process::exit(1);
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("safs: {e:#}");
+            std::process::exit(1);
+        }
     }
 }

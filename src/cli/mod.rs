@@ -1,6 +1,7 @@
 //! The `safs` command line: flags, messages a person can act on, exit codes.
 
 mod format;
+mod fsck;
 mod info;
 mod mount;
 
@@ -28,6 +29,9 @@ pub enum Command {
     /// Print what a volume or a mounted safs is (and, with --stats, its
     /// request counts).
     Info(info::InfoArgs),
+    /// Check an unmounted volume's every invariant (exit 0 clean, 1
+    /// repaired, 4 errors left, 8 operational error).
+    Fsck(fsck::FsckArgs),
     /// Make every change on a mounted safs durable (what sync(1) cannot do
     /// for FUSE filesystems).
     Sync(SyncArgs),
@@ -39,9 +43,18 @@ pub struct SyncArgs {
     pub path: PathBuf,
 }
 
-/// Runs the command; the error is printed by `main` and turns into exit 1.
-pub fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
+/// Runs the command and returns its exit code; an error is printed by
+/// `main` and turns into exit 1.
+pub fn run(cli: Cli) -> anyhow::Result<i32> {
+    if let Command::Fsck(a) = cli.command {
+        return Ok(fsck::run(a));
+    }
+    run_plain(cli.command).map(|()| 0)
+}
+
+fn run_plain(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Fsck(_) => unreachable!("handled by run"),
         Command::Format(a) => format::run(a),
         Command::Mount(a) => mount::run(a),
         Command::Info(a) => info::run(a),
