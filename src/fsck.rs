@@ -101,6 +101,9 @@ struct Checker<'a> {
     inodes: BTreeMap<u64, Info>,
     writes: Vec<Write>,
     lost_found: Option<u64>,
+    /// The volume was not unmounted cleanly: stale sizes and stray backing
+    /// files are expected (the next mount reconciles them), not errors.
+    unclean: bool,
 }
 
 const PAGE: usize = 4096;
@@ -552,14 +555,18 @@ impl Checker<'_> {
                 let path = data.join(format!("{:02x}/{ino:016x}", ino & 0xff));
                 match std::fs::metadata(&path) {
                     Ok(m) if m.size() != i.size => {
-                        self.find(
-                            format!(
-                                "file {ino}: size {} but its backing file holds {}",
-                                i.size,
-                                m.size()
-                            ),
-                            true,
-                        );
+                        if self.unclean {
+                            self.report.recovered += 1;
+                        } else {
+                            self.find(
+                                format!(
+                                    "file {ino}: size {} but its backing file holds {}",
+                                    i.size,
+                                    m.size()
+                                ),
+                                true,
+                            );
+                        }
                         i.size = m.size();
                         i.blocks = m.blocks();
                         info.dirty = true;
@@ -738,10 +745,14 @@ impl Checker<'_> {
                     .and_then(|i| self.inodes.get(&i))
                     .is_some_and(|i| i.inode.is_reg());
                 if !owned {
-                    self.find(
-                        format!("backing file {} belongs to no file", e.path().display()),
-                        true,
-                    );
+                    if self.unclean {
+                        self.report.recovered += 1;
+                    } else {
+                        self.find(
+                            format!("backing file {} belongs to no file", e.path().display()),
+                            true,
+                        );
+                    }
                     if self.repair {
                         std::fs::remove_file(e.path())?;
                     }
@@ -816,6 +827,17 @@ fn check_store(
         inodes: BTreeMap::new(),
         writes: Vec::new(),
         lost_found: None,
+        unclean: false,
+    };
+    c.unclean = match c.store.get(keys::MOUNT_STATE)? {
+        Some(rec) => match crate::format::superblock::MountState::decode(&rec) {
+            Ok(m) => !m.clean,
+            Err(e) => {
+                c.find(format!("mount state record unreadable ({e})"), true);
+                true
+            }
+        },
+        None => false,
     };
     let total = c
         .store
@@ -845,6 +867,15 @@ fn check_store(
     progress("sweep", 0, 1);
     c.sweep()?;
     c.counters()?;
+    if repair && c.unclean {
+        let m = crate::format::superblock::MountState {
+            clean: true,
+            pid: std::process::id(),
+            since_ns: Timestamp::now().as_nanos() as i64,
+        };
+        c.writes
+            .push((keys::MOUNT_STATE.to_vec(), Some(m.encode())));
+    }
     c.flush()?;
     progress("done", 1, 1);
     Ok(c.report)

@@ -49,7 +49,7 @@ pub fn run(a: FsckArgs) -> i32 {
                     "to be reclaimed or reconciled at the next mount"
                 };
                 println!(
-                    "{} inodes unlinked-while-open or open-for-writing at the last stop: {verb}",
+                    "{} leftovers of an unclean stop (unlinked-while-open inodes, stale sizes, stray backing files): {verb}",
                     report.recovered
                 );
             }

@@ -50,11 +50,4 @@ impl DataStore {
             Err(e) => Err(e),
         }
     }
-
-    pub fn remove(&self, ino: u64) -> io::Result<()> {
-        match std::fs::remove_file(self.path(ino)) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        }
-    }
 }

@@ -2,8 +2,9 @@
 //!
 //! Each open of a regular file opens its backing file; under passthrough the
 //! FUSE adapter registers that descriptor with the kernel and data never
-//! enters the daemon. The first writer puts a `W` marker in the batch so a
-//! crash before the last close is reconciled at the next mount.
+//! enters the daemon. While a writer has the file open its backing file is
+//! the source of size and mtime; the last close copies them into the record,
+//! and after a crash the mount-time recovery does (see `Fs::recover`).
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -11,9 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::{CoreError, Ctx, Fs, Result};
-use crate::format::dirent::encode_marker;
 use crate::format::inode::{S_IFREG, Timestamp};
-use crate::format::keys;
 
 #[derive(Clone, Copy, Debug)]
 pub struct OpenMode {
@@ -69,8 +68,6 @@ impl Fs {
         o.handles += 1;
         if mode.write {
             if o.writers == 0 {
-                let k = keys::writing(ino);
-                w.push((k.to_vec(), Some(encode_marker(&k))));
                 o.backing = Some(Arc::clone(&file));
             }
             o.writers += 1;
@@ -166,7 +163,6 @@ impl Fs {
                         self.reconcile(h.ino, &mut inode, backing.as_deref().or(Some(&h.file)))?;
                         self.put_inode(&mut st, &mut w, h.ino, inode);
                     }
-                    w.push((keys::writing(h.ino).to_vec(), None));
                 }
             }
             last = st.open.get(&h.ino).is_some_and(|o| o.handles == 0);

@@ -41,7 +41,7 @@ pub use store::Failure;
 
 use crate::format::inode::{Inode, Timestamp};
 use crate::format::keys;
-use crate::format::superblock::{Counters, Superblock};
+use crate::format::superblock::{Counters, MountState, Superblock};
 use crate::format::xattrs::XattrSet;
 use crate::meta::{MetaStore, Write};
 use data::DataStore;
@@ -146,6 +146,7 @@ pub struct Fs {
     state: Mutex<State>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Fs {
@@ -188,6 +189,7 @@ impl Fs {
             }),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            closed: std::sync::atomic::AtomicBool::new(false),
         };
         fs.recover()?;
         Ok(fs)
@@ -210,44 +212,131 @@ impl Fs {
         self.store.sync()
     }
 
-    /// Flushes and stops the committer. The `Fs` must not be used after.
+    /// Records a clean unmount, flushes and stops the committer. The `Fs`
+    /// must not be used after; a second call does nothing.
     pub fn close(&self) -> Result<()> {
+        if self.closed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.set_mount_state(true);
         self.store.close()
     }
 
-    /// Reclaims orphans and reconciles interrupted writers (mount time).
+    /// Mount-time recovery. Always: reclaim inodes unlinked while open.
+    /// After an unclean stop (the mount state record says "mounted"): bring
+    /// every regular file's size up to date from its backing file — data
+    /// writes reach backing files before the batch that records them — and
+    /// delete backing files whose creating batch never committed. Then
+    /// record "mounted", durably, before serving.
     fn recover(&self) -> Result<()> {
+        let unclean = match self.store.get(keys::MOUNT_STATE)? {
+            Some(rec) => {
+                !MountState::decode(&rec)
+                    .map_err(|e| CoreError::corrupt(keys::MOUNT_STATE, e))?
+                    .clean
+            }
+            None => false,
+        };
         let mut st = self.state.lock();
-        for prefix in [keys::P_ORPHAN, keys::P_WRITING] {
-            let (mut start, end) = keys::prefix_range(prefix);
-            loop {
-                let page = self.store.scan(&start, &end, 1024)?;
-                let Some((last, _)) = page.last() else { break };
-                start = last.clone();
-                start.push(0);
-                for (k, _) in &page {
-                    let ino = keys::key_ino(k).ok_or_else(|| {
-                        CoreError::corrupt(k, crate::format::FormatError::Malformed("short key"))
-                    })?;
+        let mut reclaimed = 0u64;
+        self.scan_keys(keys::P_ORPHAN, |k| {
+            let ino = keys::key_ino(k).ok_or_else(|| {
+                CoreError::corrupt(k, crate::format::FormatError::Malformed("short key"))
+            })?;
+            let mut w = Vec::new();
+            let unlink = self.free_inode(&mut st, &mut w, ino)?;
+            self.store.apply_then_unlink(w, unlink);
+            reclaimed += 1;
+            Ok(())
+        })?;
+        // Markers of early builds (open-for-writing) are retired.
+        self.scan_keys(keys::P_WRITING, |k| {
+            self.store.apply(vec![(k.to_vec(), None)]);
+            Ok(())
+        })?;
+        if reclaimed > 0 {
+            tracing::info!(reclaimed, "reclaimed inodes unlinked while open");
+        }
+        if unclean {
+            tracing::warn!(
+                "volume was not unmounted cleanly: reconciling file sizes with backing files"
+            );
+            let (fixed, stray) = self.reconcile_all(&mut st)?;
+            tracing::info!(fixed, stray, "recovery done");
+        }
+        drop(st);
+        self.set_mount_state(false);
+        self.store.sync()
+    }
+
+    fn set_mount_state(&self, clean: bool) {
+        let m = MountState {
+            clean,
+            pid: std::process::id(),
+            since_ns: Timestamp::now().as_nanos() as i64,
+        };
+        self.store
+            .apply(vec![(keys::MOUNT_STATE.to_vec(), Some(m.encode()))]);
+    }
+
+    /// Calls `f` for every key under `prefix`, in pages.
+    fn scan_keys(&self, prefix: u8, mut f: impl FnMut(&[u8]) -> Result<()>) -> Result<()> {
+        let (mut start, end) = keys::prefix_range(prefix);
+        loop {
+            let page = self.store.scan(&start, &end, 1024)?;
+            let Some((last, _)) = page.last() else {
+                return Ok(());
+            };
+            start = last.clone();
+            start.push(0);
+            for (k, _) in &page {
+                f(k)?;
+            }
+        }
+    }
+
+    /// Sizes from backing files for every regular file; stray backing files
+    /// removed. Returns (inodes fixed, backing files removed).
+    fn reconcile_all(&self, st: &mut State) -> Result<(u64, u64)> {
+        let mut fixed = 0;
+        let (mut start, end) = keys::prefix_range(keys::P_INODE);
+        loop {
+            let page = self.store.scan(&start, &end, 1024)?;
+            let Some((last, _)) = page.last() else { break };
+            start = last.clone();
+            start.push(0);
+            for (k, v) in page {
+                let inode = Inode::decode(&k, &v).map_err(|e| CoreError::corrupt(&k, e))?;
+                if !inode.is_reg() {
+                    continue;
+                }
+                let ino = keys::key_ino(&k).unwrap_or(0);
+                let mut new = inode.clone();
+                self.reconcile(ino, &mut new, None)?;
+                if new != inode {
                     let mut w = Vec::new();
-                    if prefix == keys::P_WRITING {
-                        w.push((k.clone(), None));
-                        if let Some(c) = self.load_opt(&mut st, ino)? {
-                            let mut inode = c.inode.clone();
-                            self.reconcile(ino, &mut inode, None)?;
-                            self.put_inode(&mut st, &mut w, ino, inode);
-                        }
-                        self.store.apply(w);
-                    } else {
-                        tracing::info!(ino, "reclaiming inode unlinked while open");
-                        self.free_inode(&mut st, &mut w, ino)?;
-                        self.store.apply(w);
-                    }
+                    self.put_inode(st, &mut w, ino, new);
+                    self.store.apply(w);
+                    fixed += 1;
                 }
             }
         }
-        drop(st);
-        self.store.sync()
+        let mut stray = 0;
+        for i in 0..256 {
+            let dir = self.layout.data().join(format!("{i:02x}"));
+            for e in std::fs::read_dir(&dir)?.flatten() {
+                let owner = u64::from_str_radix(&e.file_name().to_string_lossy(), 16).ok();
+                let live = match owner {
+                    Some(ino) => self.load_opt(st, ino)?.is_some_and(|c| c.inode.is_reg()),
+                    None => false,
+                };
+                if !live {
+                    std::fs::remove_file(e.path())?;
+                    stray += 1;
+                }
+            }
+        }
+        Ok((fixed, stray))
     }
 
     // ---- helpers shared by the operation modules -------------------------
@@ -313,8 +402,16 @@ impl Fs {
         Ok(())
     }
 
-    /// Deletes every record of `ino` and its backing file.
-    fn free_inode(&self, st: &mut State, w: &mut Vec<Write>, ino: u64) -> Result<()> {
+    /// Deletes every record of `ino`; returns its backing file, which must
+    /// be removed only once the deletion is durable (see
+    /// [`Store::apply_then_unlink`]): a crash before that commit brings the
+    /// inode back, and it must come back with its data.
+    fn free_inode(
+        &self,
+        st: &mut State,
+        w: &mut Vec<Write>,
+        ino: u64,
+    ) -> Result<Option<std::path::PathBuf>> {
         let inode = match self.load_opt(st, ino) {
             Ok(Some(c)) => Some(c.inode.clone()),
             Ok(None) => None,
@@ -338,16 +435,17 @@ impl Fs {
                 w.push((k, None));
             }
         }
-        if inode.as_ref().is_none_or(Inode::is_reg) {
-            self.data.remove(ino)?;
-        }
+        let backing = inode
+            .as_ref()
+            .is_none_or(Inode::is_reg)
+            .then(|| self.data.path(ino));
         if inode.is_some() {
             st.counters.inodes = st.counters.inodes.saturating_sub(1);
             self.put_counters(st, w);
         }
         st.cache.pop(&ino);
         st.lookups.remove(&ino);
-        Ok(())
+        Ok(backing)
     }
 
     /// Frees `ino` if nothing refers to it any more: no name, no open
@@ -363,8 +461,12 @@ impl Fs {
             return Ok(());
         }
         let mut w = Vec::new();
-        self.free_inode(st, &mut w, ino)?;
-        self.commit(w)
+        let unlink = self.free_inode(st, &mut w, ino)?;
+        let seq = self.store.apply_then_unlink(w, unlink);
+        if self.opts.sync {
+            self.store.wait_durable(seq)?;
+        }
+        Ok(())
     }
 
     /// The kernel now holds one more reference to `ino`.

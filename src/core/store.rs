@@ -18,6 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -36,6 +37,10 @@ const MAX_PENDING_BYTES: usize = 256 << 20;
 
 struct Overlay {
     pending: Map,
+    /// Files to delete once `pending` is durable (backing files of freed
+    /// inodes): deleting them earlier would lose data if a crash brought
+    /// their inodes back.
+    pending_unlinks: Vec<PathBuf>,
     pending_bytes: usize,
     /// When the oldest pending write arrived.
     pending_since: Option<Instant>,
@@ -75,6 +80,7 @@ impl Store {
             engine,
             overlay: Mutex::new(Overlay {
                 pending: Map::new(),
+                pending_unlinks: Vec::new(),
                 pending_bytes: 0,
                 pending_since: None,
                 applied_seq: 0,
@@ -198,6 +204,18 @@ impl Store {
         ov.applied_seq
     }
 
+    /// [`Store::apply`], then deletes `unlink` once those writes are durable.
+    pub fn apply_then_unlink(&self, writes: Vec<Write>, unlink: Option<PathBuf>) -> u64 {
+        let seq = self.apply(writes);
+        if let Some(path) = unlink {
+            // Same batch as the writes: nothing can commit in between
+            // because the committer takes the whole pending state at once,
+            // and a later batch is always safe.
+            self.overlay.lock().pending_unlinks.push(path);
+        }
+        seq
+    }
+
     /// The sequence number of the newest applied operation.
     pub fn applied_seq(&self) -> u64 {
         self.overlay.lock().applied_seq
@@ -272,6 +290,7 @@ impl Store {
                 self.work.wait_for(&mut ov, wait);
             }
             let batch = Arc::new(std::mem::take(&mut ov.pending));
+            let unlinks = std::mem::take(&mut ov.pending_unlinks);
             ov.committing = Arc::clone(&batch);
             ov.pending_bytes = 0;
             ov.pending_since = None;
@@ -288,6 +307,14 @@ impl Store {
                     ov.durable_seq = seq;
                     ov.failure = None;
                     ov.committing = Arc::new(Map::new());
+                    for path in &unlinks {
+                        match std::fs::remove_file(path) {
+                            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                                tracing::error!(path = %path.display(), error = %e, "cannot remove a freed backing file");
+                            }
+                            _ => {}
+                        }
+                    }
                 }
                 Err(e) => {
                     tracing::error!(error = %e, writes = writes.len(), "metadata commit failed; will retry");
@@ -304,6 +331,9 @@ impl Store {
                         .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
                         .sum();
                     ov.pending = restored;
+                    let mut newer_unlinks = std::mem::take(&mut ov.pending_unlinks);
+                    ov.pending_unlinks = unlinks;
+                    ov.pending_unlinks.append(&mut newer_unlinks);
                     ov.pending_since = Some(Instant::now());
                     ov.committing = Arc::new(Map::new());
                     if ov.shutdown {

@@ -245,7 +245,14 @@ fn size_of_file_open_for_writing_is_reconciled_at_next_mount() {
     let sb = t.fs.superblock().clone();
     let fs = remount(t._dir.path(), &t.engine, sb);
     assert_eq!(fs.getattr(ino).unwrap().size, 10_000);
-    assert!(t.engine.get(&keys::writing(ino)).unwrap().is_none());
+    // A clean unmount records "clean"; a crash leaves "mounted".
+    fs.close().unwrap();
+    let m = t.engine.get(keys::MOUNT_STATE).unwrap().unwrap();
+    assert!(
+        crate::format::superblock::MountState::decode(&m)
+            .unwrap()
+            .clean
+    );
 }
 
 #[test]

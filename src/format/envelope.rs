@@ -23,6 +23,7 @@ pub enum Kind {
     DirIndex = 7,
     Symlink = 8,
     Marker = 9,
+    MountState = 10,
 }
 
 /// Current payload version of every kind.

@@ -11,7 +11,8 @@
 //! | `C` parent:u64 cookie:u64         | DirIndex            | cookie → (name, ino, type): readdir    |
 //! | `L` ino:u64                       | Symlink             | symlink target                         |
 //! | `O` ino:u64                       | Marker              | unlinked while open: reclaim at mount  |
-//! | `W` ino:u64                       | Marker              | open for writing: size/mtime to be reconciled from the backing file after a crash |
+//! | `M`                               | MountState          | clean or mounted: after an unclean stop, sizes are reconciled from backing files and stray backing files removed |
+//! | `W` ino:u64                       | Marker              | retired (open-for-writing marker of early builds); deleted when found |
 //!
 //! Lookup is one point read of `D`; readdir is one range scan of `C` in
 //! cookie order, so a cookie handed to the kernel stays valid while the
@@ -20,6 +21,7 @@
 
 pub const SUPERBLOCK: &[u8] = b"V";
 pub const COUNTERS: &[u8] = b"N";
+pub const MOUNT_STATE: &[u8] = b"M";
 
 pub const P_INODE: u8 = b'I';
 pub const P_SPILL: u8 = b'S';

@@ -10,6 +10,7 @@
 //! created_ns   i64 format time, ns since the epoch
 //! ```
 //! Counters payload: `next_ino:u64 inodes:u64`.
+//! Mount state payload: `clean:u8 pid:u32 since_ns:i64`.
 
 use super::FormatError;
 use super::envelope::{Kind, Reader, open, seal};
@@ -82,6 +83,36 @@ impl Counters {
     }
 }
 
+/// Whether the volume was unmounted cleanly, written at mount (`clean =
+/// false`) and as the last change of a clean unmount.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MountState {
+    pub clean: bool,
+    pub pid: u32,
+    pub since_ns: i64,
+}
+
+impl MountState {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut p = [0u8; 13];
+        p[0] = u8::from(self.clean);
+        p[1..5].copy_from_slice(&self.pid.to_be_bytes());
+        p[5..].copy_from_slice(&self.since_ns.to_be_bytes());
+        seal(keys::MOUNT_STATE, Kind::MountState, &p)
+    }
+
+    pub fn decode(record: &[u8]) -> Result<Self, FormatError> {
+        let mut r = Reader::new(open(keys::MOUNT_STATE, Kind::MountState, record)?);
+        let m = MountState {
+            clean: r.u8()? != 0,
+            pid: r.u32()?,
+            since_ns: r.i64()?,
+        };
+        r.finish()?;
+        Ok(m)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,5 +132,11 @@ mod tests {
             inodes: 3,
         };
         assert_eq!(Counters::decode(&c.encode()).unwrap(), c);
+        let m = MountState {
+            clean: false,
+            pid: 77,
+            since_ns: -5,
+        };
+        assert_eq!(MountState::decode(&m.encode()).unwrap(), m);
     }
 }
