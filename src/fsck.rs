@@ -592,7 +592,7 @@ impl Checker<'_> {
         }
         for ino in lost {
             self.find(format!("inode {ino} has no name"), true);
-            self.to_lost_found(ino)?;
+            self.link_into_lost_found(ino)?;
         }
         self.sweep_backing()?;
         Ok(())
@@ -623,7 +623,7 @@ impl Checker<'_> {
         );
     }
 
-    fn to_lost_found(&mut self, ino: u64) -> anyhow::Result<()> {
+    fn link_into_lost_found(&mut self, ino: u64) -> anyhow::Result<()> {
         if !self.repair {
             return Ok(());
         }
