@@ -205,7 +205,9 @@ fn spawn_daemon(volume: &Path, mountpoint: &Path, options: &[String]) -> anyhow:
 
 fn init_logging(to_file: Option<&Path>) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SAFS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // fuser warns when its own unmount-on-drop finds the kernel already
+        // unmounted (the normal `umount` path): not worth a log line.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fuser::session=error"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false);

@@ -101,7 +101,11 @@ impl Fs {
         match self.open(attr.ino, om) {
             Ok(h) => Ok((attr, h)),
             Err(e) => {
-                // Creation succeeded; give back the reference we counted.
+                // The backing file could not be made (e.g. ENOSPC): take the
+                // new name back so the failed create leaves nothing behind.
+                if let Err(undo) = self.unlink(parent, name) {
+                    tracing::error!(error = %undo, "cannot undo a failed create");
+                }
                 self.forget(attr.ino, 1);
                 Err(e)
             }
@@ -137,9 +141,7 @@ impl Fs {
         if !h.writable {
             return Err(CoreError::BadHandle);
         }
-        if self.store.failure() == Some(super::Failure::NoSpace) {
-            return Err(CoreError::NoSpace);
-        }
+        self.writable()?;
         h.file.write_all_at(data, offset)?;
         Ok(data.len() as u32)
     }

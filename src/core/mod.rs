@@ -17,6 +17,7 @@ mod data;
 pub mod error;
 mod files;
 mod namespace;
+mod reserve;
 mod store;
 pub mod tiers;
 pub mod volume;
@@ -146,6 +147,7 @@ pub struct Fs {
     state: Mutex<State>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
+    reserve: Option<Arc<reserve::Reserve>>,
     closed: std::sync::atomic::AtomicBool,
 }
 
@@ -172,7 +174,8 @@ impl Fs {
                 ));
             }
         };
-        let store = Store::new(engine, opts.commit_interval);
+        let reserve = (!opts.read_only).then(|| Arc::new(reserve::Reserve::new(&layout.root)));
+        let store = Store::new(engine, opts.commit_interval, reserve.clone());
         let cap = NonZeroUsize::new(opts.inode_cache.max(16)).expect("non-zero");
         let fs = Fs {
             layout,
@@ -189,6 +192,7 @@ impl Fs {
             }),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            reserve,
             closed: std::sync::atomic::AtomicBool::new(false),
         };
         fs.recover()?;
@@ -391,12 +395,21 @@ impl Fs {
     }
 
     /// Refuses changes that need space while the store cannot commit for
-    /// lack of it, and all changes on a read-only mount.
+    /// lack of it or its reserve is spent, and all changes on a read-only
+    /// mount.
     fn writable(&self) -> Result<()> {
         if self.opts.read_only {
             return Err(CoreError::ReadOnly);
         }
-        if self.store.failure() == Some(Failure::NoSpace) {
+        if self.store.failure() == Some(Failure::NoSpace)
+            || self.reserve.as_ref().is_some_and(|r| r.is_released())
+        {
+            if let Some(r) = &self.reserve {
+                r.refill();
+                if !r.is_released() && self.store.failure() != Some(Failure::NoSpace) {
+                    return Ok(());
+                }
+            }
             return Err(CoreError::NoSpace);
         }
         Ok(())

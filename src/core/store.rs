@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::error::{CoreError, Result};
+use super::reserve::Reserve;
 use crate::meta::{MetaError, MetaStore, Write};
 
 type Map = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
@@ -72,10 +73,15 @@ pub struct Store {
     done: Condvar,
     interval: Duration,
     committer: Mutex<Option<JoinHandle<()>>>,
+    reserve: Option<Arc<Reserve>>,
 }
 
 impl Store {
-    pub fn new(engine: Arc<dyn MetaStore>, interval: Duration) -> Arc<Self> {
+    pub fn new(
+        engine: Arc<dyn MetaStore>,
+        interval: Duration,
+        reserve: Option<Arc<Reserve>>,
+    ) -> Arc<Self> {
         let store = Arc::new(Store {
             engine,
             overlay: Mutex::new(Overlay {
@@ -94,6 +100,7 @@ impl Store {
             done: Condvar::new(),
             interval,
             committer: Mutex::new(None),
+            reserve,
         });
         let s = Arc::clone(&store);
         let handle = std::thread::Builder::new()
@@ -304,6 +311,9 @@ impl Store {
             ov = self.overlay.lock();
             match res {
                 Ok(()) => {
+                    if let Some(r) = self.reserve.as_ref().filter(|r| r.is_released()) {
+                        r.refill();
+                    }
                     ov.durable_seq = seq;
                     ov.failure = None;
                     ov.committing = Arc::new(Map::new());
@@ -317,7 +327,12 @@ impl Store {
                     }
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, writes = writes.len(), "metadata commit failed; will retry");
+                    // Out of space: give the engine the reserve and retry at once.
+                    let retry_now = matches!(e, MetaError::NoSpace)
+                        && self.reserve.as_ref().is_some_and(|r| r.release());
+                    if !retry_now {
+                        tracing::error!(error = %e, writes = writes.len(), "metadata commit failed; will retry");
+                    }
                     ov.failure = Some(match e {
                         MetaError::NoSpace => Failure::NoSpace,
                         _ => Failure::Io,
@@ -336,6 +351,10 @@ impl Store {
                     ov.pending_unlinks.append(&mut newer_unlinks);
                     ov.pending_since = Some(Instant::now());
                     ov.committing = Arc::new(Map::new());
+                    if retry_now {
+                        ov.failure = None;
+                        ov.urgent = true;
+                    }
                     if ov.shutdown {
                         self.done.notify_all();
                         return;
@@ -356,7 +375,7 @@ mod tests {
     #[test]
     fn reads_see_pending_and_commit_lands() {
         let engine = Arc::new(MemStore::new());
-        let store = Store::new(engine.clone(), Duration::from_millis(5));
+        let store = Store::new(engine.clone(), Duration::from_millis(5), None);
         let seq = store.apply(vec![(b"a".to_vec(), Some(b"1".to_vec()))]);
         assert_eq!(store.get(b"a").unwrap().as_deref(), Some(&b"1"[..]));
         store.wait_durable(seq).unwrap();
@@ -382,7 +401,7 @@ mod tests {
             let batch: Vec<Write> = committed.iter().map(|(k, v)| (key(*k), Some(vec![*v]))).collect();
             engine.commit(&batch).unwrap();
             // A long interval keeps the pending batch in memory.
-            let store = Store::new(engine, Duration::from_secs(3600));
+            let store = Store::new(engine, Duration::from_secs(3600), None);
             store.apply(pending.iter().map(|(k, v)| (key(*k), v.map(|v| vec![v]))).collect());
             let mut model: BTreeMap<Vec<u8>, Vec<u8>> = committed.iter().map(|(k, v)| (key(*k), vec![*v])).collect();
             for (k, v) in &pending {
