@@ -12,7 +12,13 @@
 //!   [`MetaError::NoSpace`];
 //! - read transactions are short-lived (one per call) so they never pin old
 //!   pages for long;
-//! - a commit is durable on return (`fsync` of the data file).
+//! - a commit is durable on return (`fsync` of the data file);
+//! - LMDB has no page checksums, and a corrupt page or node can point past
+//!   the end of the file: through the memory map that is SIGBUS, a crash.
+//!   So the data file is extended (sparsely: no disk space) to the whole map,
+//!   where such reads find zeros, and values longer than any record safs
+//!   writes are refused before they are touched. Either way the record's own
+//!   checksum then fails: EIO, never a crash or wrong data.
 
 use std::path::Path;
 
@@ -23,6 +29,14 @@ use super::{MetaError, MetaRead, MetaStore, Write};
 
 /// Address space reserved for the map: 1 TiB on 64-bit hosts (virtual only).
 const MAP_SIZE: usize = 1 << 40;
+
+/// No record safs writes is longer (the largest is a 64 KiB xattr value in
+/// its envelope); a longer value can only come from a corrupt node.
+const MAX_VALUE: usize = 1 << 20;
+
+fn corrupt_value(len: usize) -> MetaError {
+    MetaError::Engine(format!("corrupt engine node: value of {len} bytes"))
+}
 
 pub struct LmdbStore {
     env: Env,
@@ -61,6 +75,11 @@ impl LmdbStore {
             })
             .map_err(engine_err)?
             .unwrap_commit();
+        // Sparse extension to the map size (see the module comment).
+        let file = std::fs::OpenOptions::new().write(true).open(dir.join("data.mdb"))?;
+        if file.metadata()?.len() < MAP_SIZE as u64 {
+            file.set_len(MAP_SIZE as u64)?;
+        }
         Ok(Self { env, db })
     }
 }
@@ -68,11 +87,11 @@ impl LmdbStore {
 impl MetaRead for LmdbStore {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, MetaError> {
         let rtxn = self.env.read_txn().map_err(engine_err)?;
-        Ok(self
-            .db
-            .get(&rtxn, key)
-            .map_err(engine_err)?
-            .map(<[u8]>::to_vec))
+        match self.db.get(&rtxn, key).map_err(engine_err)? {
+            Some(v) if v.len() > MAX_VALUE => Err(corrupt_value(v.len())),
+            Some(v) => Ok(Some(v.to_vec())),
+            None => Ok(None),
+        }
     }
 
     fn scan(
@@ -92,6 +111,9 @@ impl MetaRead for LmdbStore {
                 break;
             }
             let (k, v) = item.map_err(engine_err)?;
+            if v.len() > MAX_VALUE {
+                return Err(corrupt_value(v.len()));
+            }
             out.push((k.to_vec(), v.to_vec()));
         }
         Ok(out)
@@ -113,7 +135,9 @@ impl MetaStore for LmdbStore {
     }
 
     fn disk_bytes(&self) -> u64 {
-        self.env.real_disk_size().unwrap_or(0)
+        // Allocated bytes: the file's length is the (sparse) map size.
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(self.env.path().join("data.mdb")).map_or(0, |m| m.blocks() * 512)
     }
 }
 
