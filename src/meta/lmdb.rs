@@ -76,9 +76,12 @@ impl LmdbStore {
             .map_err(engine_err)?
             .unwrap_commit();
         // Sparse extension to the map size (see the module comment).
+        // Not fatal where the filesystem caps file sizes lower.
         let file = std::fs::OpenOptions::new().write(true).open(dir.join("data.mdb"))?;
         if file.metadata()?.len() < MAP_SIZE as u64 {
-            file.set_len(MAP_SIZE as u64)?;
+            if let Err(e) = file.set_len(MAP_SIZE as u64) {
+                tracing::warn!(error = %e, "cannot extend the metadata file to the map size; corrupt page pointers may crash the engine");
+            }
         }
         Ok(Self { env, db })
     }
