@@ -31,6 +31,11 @@ use stats::{Op, Stats};
 /// Entry and attribute lifetime in the kernel's caches.
 pub const TTL: Duration = Duration::from_secs(3600);
 
+/// Flags for every opened regular file. `FOPEN_NOFLUSH`: no FLUSH request
+/// on close — safs has nothing to do then (no write-back cache; POSIX locks
+/// are kept by the kernel), so the round trip would be pure cost.
+const FILE_OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_NOFLUSH;
+
 /// How file data moves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DataPath {
@@ -372,9 +377,9 @@ impl Filesystem for SafsFuse {
         match self.fs.open(ino.0, OpenMode::from_flags(flags.0)) {
             Ok(h) => {
                 if let Some(id) = self.backing_for(&h, |f| reply.open_backing(f)) {
-                    reply.opened_passthrough(FileHandle(h.fh), FopenFlags::empty(), &id);
+                    reply.opened_passthrough(FileHandle(h.fh), FILE_OPEN_FLAGS, &id);
                 } else {
-                    reply.opened(FileHandle(h.fh), FopenFlags::empty());
+                    reply.opened(FileHandle(h.fh), FILE_OPEN_FLAGS);
                 }
             }
             Err(e) => reply.error(e.into()),
@@ -405,7 +410,7 @@ impl Filesystem for SafsFuse {
                         &attr,
                         generation,
                         FileHandle(h.fh),
-                        FopenFlags::empty(),
+                        FILE_OPEN_FLAGS,
                         &id,
                     );
                 } else {
@@ -414,7 +419,7 @@ impl Filesystem for SafsFuse {
                         &attr,
                         generation,
                         FileHandle(h.fh),
-                        FopenFlags::empty(),
+                        FILE_OPEN_FLAGS,
                     );
                 }
             }
