@@ -8,6 +8,7 @@
 // `open` is unsafe because LMDB memory-maps its file; see the SAFETY note).
 #![deny(unsafe_code)]
 
+pub mod bench;
 pub mod control;
 pub mod core;
 pub mod format;

@@ -1,5 +1,6 @@
 //! The `safs` command line: flags, messages a person can act on, exit codes.
 
+mod bench;
 mod format;
 mod fsck;
 mod info;
@@ -35,6 +36,9 @@ pub enum Command {
     /// Make every change on a mounted safs durable (what sync(1) cannot do
     /// for FUSE filesystems).
     Sync(SyncArgs),
+    /// Measure safs beside other filesystems: the tables T1–T7 of
+    /// BENCHMARKS.md, with FUSE requests per operation (see --setup).
+    Bench(bench::BenchArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -58,6 +62,7 @@ fn run_plain(command: Command) -> anyhow::Result<()> {
         Command::Format(a) => format::run(a),
         Command::Mount(a) => mount::run(a),
         Command::Info(a) => info::run(a),
+        Command::Bench(a) => bench::run(a),
         Command::Sync(a) => {
             let (vol, _) = info::resolve(&a.path)?;
             safs::control::request(&vol, "sync")?;

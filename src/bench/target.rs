@@ -1,0 +1,339 @@
+//! The directories measured, what is mounted under them, and how a target
+//! is made cold.
+//!
+//! A target is a directory. Its filesystem is looked up in
+//! `/proc/self/mountinfo` (longest mountpoint that is a prefix of the
+//! canonical path; the last such line wins, as the kernel stacks mounts).
+//! A target whose filesystem is `fuse.safs` is a *safs target*: the mount
+//! source is the volume directory, whose control socket gives the FUSE
+//! request counts, and whose daemon is restarted for cold phases.
+//!
+//! Cold, per BENCHMARKS.md:
+//! - kernel filesystems: `sync`, then `echo 3 > /proc/sys/vm/drop_caches`;
+//! - safs: unmount (the daemon commits and exits, its inode cache and
+//!   LMDB map go with it), wait for the volume lock to be free, `sync`, drop
+//!   caches, mount again — the honest cold: the next figure includes reading
+//!   the metadata engine from disk. If the unmount is refused (the mount is
+//!   busy, e.g. someone's shell sits in it), the daemon is asked to
+//!   `drop-caches` instead and the run says so.
+
+use std::cell::{Cell, RefCell};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use super::record::{Requests, TargetInfo};
+use crate::core::volume::VolumeLock;
+
+/// One line of `/proc/self/mountinfo`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountEntry {
+    pub mountpoint: PathBuf,
+    pub fstype: String,
+    pub source: String,
+    pub mount_opts: String,
+    pub super_opts: String,
+}
+
+fn unescape(s: &str) -> String {
+    // mountinfo escapes space, tab, newline and backslash as \ooo.
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
+    text.lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let mut lf = left.split(' ');
+            let mountpoint = lf.nth(4)?;
+            let mount_opts = lf.next().unwrap_or("");
+            let mut r = right.split(' ');
+            let fstype = r.next()?;
+            let source = r.next().unwrap_or("");
+            let super_opts = r.next().unwrap_or("");
+            Some(MountEntry {
+                mountpoint: PathBuf::from(unescape(mountpoint)),
+                fstype: fstype.to_string(),
+                source: unescape(source),
+                mount_opts: mount_opts.to_string(),
+                super_opts: super_opts.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// The mount holding `path` (already canonical).
+pub fn mount_of<'a>(entries: &'a [MountEntry], path: &Path) -> Option<&'a MountEntry> {
+    let mut best: Option<&MountEntry> = None;
+    for e in entries {
+        if path.starts_with(&e.mountpoint)
+            && best.is_none_or(|b| {
+                e.mountpoint.components().count() >= b.mountpoint.components().count()
+            })
+        {
+            best = Some(e);
+        }
+    }
+    best
+}
+
+/// A safs mount the bench can restart.
+#[derive(Clone, Debug)]
+pub struct SafsMount {
+    pub volume: PathBuf,
+    pub mountpoint: PathBuf,
+    /// `-o` options to mount it again with.
+    pub options: Vec<String>,
+}
+
+pub struct Target {
+    pub label: String,
+    /// Canonical path of the directory measured.
+    pub dir: PathBuf,
+    pub mount: MountEntry,
+    pub safs: Option<SafsMount>,
+    /// How cold phases are made cold (for results.json), updated if the
+    /// remount ever has to fall back.
+    cold: RefCell<String>,
+    /// (cold phases prepared, seconds spent preparing them).
+    cold_spent: Cell<(u32, f64)>,
+}
+
+/// What making a target cold needs from the run.
+pub struct ColdEnv<'a> {
+    pub is_root: bool,
+    pub safs_exe: &'a Path,
+}
+
+impl Target {
+    /// Resolves `dir` and recognises safs mounts. `safs_options` are used
+    /// when a safs target has to be mounted again.
+    pub fn resolve(label: &str, dir: &Path, safs_options: &[String]) -> anyhow::Result<Target> {
+        let dir = std::fs::canonicalize(dir)
+            .with_context(|| format!("target {label}: {} does not exist", dir.display()))?;
+        if !dir.is_dir() {
+            bail!("target {label}: {} is not a directory", dir.display());
+        }
+        let info = std::fs::read_to_string("/proc/self/mountinfo")
+            .context("cannot read /proc/self/mountinfo")?;
+        let entries = parse_mountinfo(&info);
+        let mount = mount_of(&entries, &dir)
+            .cloned()
+            .with_context(|| format!("target {label}: no mount holds {}", dir.display()))?;
+        let safs = (mount.fstype == "fuse.safs").then(|| {
+            let mut options = safs_options.to_vec();
+            if mount.super_opts.split(',').any(|o| o == "allow_other")
+                && !options
+                    .iter()
+                    .any(|o| o.split(',').any(|x| x == "allow_other"))
+            {
+                options.push("allow_other".into());
+            }
+            SafsMount {
+                volume: PathBuf::from(&mount.source),
+                mountpoint: mount.mountpoint.clone(),
+                options,
+            }
+        });
+        let cold = if safs.is_some() {
+            "unmount, sync, drop_caches, mount (daemon restarted)"
+        } else {
+            "sync, drop_caches"
+        };
+        Ok(Target {
+            label: label.to_string(),
+            dir,
+            mount,
+            safs,
+            cold: RefCell::new(cold.to_string()),
+            cold_spent: Cell::new((0, 0.0)),
+        })
+    }
+
+    pub fn info(&self) -> TargetInfo {
+        TargetInfo {
+            label: self.label.clone(),
+            dir: self.dir.display().to_string(),
+            fstype: self.mount.fstype.clone(),
+            mount_source: self.mount.source.clone(),
+            safs_volume: self.safs.as_ref().map(|s| s.volume.display().to_string()),
+            cold: self.cold.borrow().clone(),
+            cold_count: self.cold_spent.get().0,
+            cold_secs: self.cold_spent.get().1,
+        }
+    }
+
+    /// The daemon's request counters, for safs targets: requests served
+    /// and nanoseconds spent serving them, by opcode.
+    pub fn requests(&self) -> anyhow::Result<Option<(Requests, Requests)>> {
+        let Some(s) = &self.safs else { return Ok(None) };
+        let reply = crate::control::request(&s.volume, "stats")
+            .with_context(|| format!("target {}: cannot read request counts", self.label))?
+            .unwrap_or_default();
+        let counts = reply.ops.iter().map(|o| (o.op.clone(), o.count)).collect();
+        let nanos = reply.ops.into_iter().map(|o| (o.op, o.total_ns)).collect();
+        Ok(Some((counts, nanos)))
+    }
+
+    /// Makes the target cold (see the module comment). Returns a warning
+    /// when it had to settle for less than the full procedure.
+    pub fn make_cold(&self, env: &ColdEnv<'_>) -> anyhow::Result<Option<String>> {
+        let start = Instant::now();
+        let res = self.make_cold_inner(env);
+        let (n, secs) = self.cold_spent.get();
+        self.cold_spent
+            .set((n + 1, secs + start.elapsed().as_secs_f64()));
+        res
+    }
+
+    fn make_cold_inner(&self, env: &ColdEnv<'_>) -> anyhow::Result<Option<String>> {
+        if !env.is_root {
+            bail!("cold phases need root (to write /proc/sys/vm/drop_caches)");
+        }
+        let mut warning = None;
+        if let Some(s) = &self.safs {
+            match unmount_with_retry(&s.mountpoint, Duration::from_secs(3)) {
+                Ok(()) => {
+                    wait_unlocked(&s.volume, Duration::from_secs(120))?;
+                    drop_kernel_caches()?;
+                    mount_safs(env.safs_exe, s)?;
+                    return Ok(None);
+                }
+                Err(e) => {
+                    crate::control::request(&s.volume, "drop-caches")
+                        .with_context(|| format!("target {}: drop-caches", self.label))?;
+                    let w = format!(
+                        "target {}: could not unmount for a cold phase ({e}); used the daemon's drop-caches instead",
+                        self.label
+                    );
+                    *self.cold.borrow_mut() =
+                        "sync, drop_caches, daemon drop-caches (unmount refused)".into();
+                    warning = Some(w);
+                }
+            }
+        }
+        drop_kernel_caches()?;
+        Ok(warning)
+    }
+}
+
+pub fn drop_kernel_caches() -> anyhow::Result<()> {
+    rustix::fs::sync();
+    std::fs::write("/proc/sys/vm/drop_caches", "3\n")
+        .context("cannot write /proc/sys/vm/drop_caches")?;
+    Ok(())
+}
+
+/// `umount(2)`, retrying while the mount is busy (a `release` still in
+/// flight, a just-exited child) for up to `patience`.
+pub fn unmount_with_retry(mountpoint: &Path, patience: Duration) -> anyhow::Result<()> {
+    let start = Instant::now();
+    loop {
+        match nix::mount::umount(mountpoint) {
+            Ok(()) => return Ok(()),
+            Err(nix::errno::Errno::EBUSY) if start.elapsed() < patience => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => bail!("cannot unmount {}: {e}", mountpoint.display()),
+        }
+    }
+}
+
+/// Waits until no daemon holds the volume (it has committed and exited).
+pub fn wait_unlocked(volume: &Path, patience: Duration) -> anyhow::Result<()> {
+    let start = Instant::now();
+    while VolumeLock::is_held(volume) {
+        if start.elapsed() > patience {
+            bail!(
+                "the safs daemon of {} did not exit within {:?} of the unmount",
+                volume.display(),
+                patience
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// `safs mount VOLUME MOUNTPOINT -o …`, which returns once the mount is live.
+pub fn mount_safs(safs_exe: &Path, s: &SafsMount) -> anyhow::Result<()> {
+    let mut cmd = Command::new(safs_exe);
+    cmd.arg("mount").arg(&s.volume).arg(&s.mountpoint);
+    if !s.options.is_empty() {
+        cmd.arg("-o").arg(s.options.join(","));
+    }
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot run {}", safs_exe.display()))?;
+    if !out.status.success() {
+        bail!(
+            "safs mount {} {} failed: {}",
+            s.volume.display(),
+            s.mountpoint.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INFO: &str = "\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw,discard
+40 22 0:35 / /tmp rw,nosuid shared:20 - tmpfs tmpfs rw,size=4194304k
+51 22 0:44 / /mnt/my\\040safs rw,nosuid,nodev,relatime shared:30 - fuse.safs /var/lib/safs/demo rw,user_id=0,group_id=0,default_permissions,allow_other
+52 40 0:45 / /tmp/x rw shared:31 - xfs /dev/loop0 rw,attr2
+";
+
+    #[test]
+    fn parses_lines_and_escapes() {
+        let e = parse_mountinfo(INFO);
+        assert_eq!(e.len(), 4);
+        assert_eq!(e[2].mountpoint, PathBuf::from("/mnt/my safs"));
+        assert_eq!(e[2].fstype, "fuse.safs");
+        assert_eq!(e[2].source, "/var/lib/safs/demo");
+        assert!(e[2].super_opts.contains("allow_other"));
+        assert_eq!(e[3].fstype, "xfs");
+    }
+
+    #[test]
+    fn longest_prefix_wins() {
+        let e = parse_mountinfo(INFO);
+        let m = |p: &str| mount_of(&e, Path::new(p)).unwrap().fstype.clone();
+        assert_eq!(m("/home/x"), "ext4");
+        assert_eq!(m("/tmp"), "tmpfs");
+        assert_eq!(m("/tmp/xy"), "tmpfs");
+        assert_eq!(m("/tmp/x/y"), "xfs");
+        assert_eq!(m("/mnt/my safs/a"), "fuse.safs");
+    }
+
+    #[test]
+    fn overmount_last_wins() {
+        let text = format!("{INFO}60 22 0:50 / /tmp rw - ext4 /dev/loop1 rw\n");
+        let e = parse_mountinfo(&text);
+        assert_eq!(
+            mount_of(&e, Path::new("/tmp/a")).unwrap().source,
+            "/dev/loop1"
+        );
+    }
+}
