@@ -414,13 +414,7 @@ impl Filesystem for SafsFuse {
                         &id,
                     );
                 } else {
-                    reply.created(
-                        &TTL,
-                        &attr,
-                        generation,
-                        FileHandle(h.fh),
-                        FILE_OPEN_FLAGS,
-                    );
+                    reply.created(&TTL, &attr, generation, FileHandle(h.fh), FILE_OPEN_FLAGS);
                 }
             }
             Err(e) => reply.error(e.into()),

@@ -77,7 +77,9 @@ impl LmdbStore {
             .unwrap_commit();
         // Sparse extension to the map size (see the module comment).
         // Not fatal where the filesystem caps file sizes lower.
-        let file = std::fs::OpenOptions::new().write(true).open(dir.join("data.mdb"))?;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join("data.mdb"))?;
         if file.metadata()?.len() < MAP_SIZE as u64 {
             if let Err(e) = file.set_len(MAP_SIZE as u64) {
                 tracing::warn!(error = %e, "cannot extend the metadata file to the map size; corrupt page pointers may crash the engine");

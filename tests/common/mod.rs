@@ -15,8 +15,10 @@
 //!   so a test never leaves a daemon behind.
 //! * Without `/dev/fuse` every test fails with a message saying so. These tests
 //!   are never skipped.
-//! * The daemon's stdout/stderr go to `<root>/daemon.log`; when a test panics the
-//!   log is printed, so a failure shows what the daemon said.
+//! * The stdout/stderr of `safs mount` (and so of the daemon, unless it
+//!   redirects them) go to `<root>/daemon.log`; when a test panics that log and
+//!   the tail of `<vol>/safs.log` are printed, so a failure shows what the
+//!   daemon said.
 //!
 //! # Other users
 //!
@@ -150,7 +152,10 @@ pub fn run_cmd_timeout(cmd: &mut Command, timeout: Duration) -> CmdOutput {
 }
 
 /// Waits for `child` at most `timeout`; on timeout kills it and returns None.
-pub fn wait_child_timeout(child: &mut std::process::Child, timeout: Duration) -> Option<ExitStatus> {
+pub fn wait_child_timeout(
+    child: &mut std::process::Child,
+    timeout: Duration,
+) -> Option<ExitStatus> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(status) = child.try_wait().expect("try_wait") {
@@ -223,7 +228,9 @@ pub fn mount_fstype(mountpoint: &Path) -> Option<String> {
         }
         let sep = fields.iter().position(|f| *f == "-");
         // The last matching line is the top of a stack of mounts.
-        found = sep.and_then(|i| fields.get(i + 1)).map(|s| (*s).to_string());
+        found = sep
+            .and_then(|i| fields.get(i + 1))
+            .map(|s| (*s).to_string());
     }
     found
 }
@@ -279,7 +286,11 @@ pub fn lock_state(vol: &Path) -> LockState {
         LockState::Free
     } else {
         let e = Errno::last();
-        assert_eq!(e, Errno::EWOULDBLOCK, "flock probe on the lock file failed: {e}");
+        assert_eq!(
+            e,
+            Errno::EWOULDBLOCK,
+            "flock probe on the lock file failed: {e}"
+        );
         LockState::Held
     }
 }
@@ -408,9 +419,21 @@ impl TestVolume {
         self.options = options.iter().map(|s| (*s).to_string()).collect();
     }
 
-    /// The daemon log so far (stdout and stderr of every `safs mount`).
+    /// What the daemon said so far: stdout and stderr of every `safs mount`,
+    /// then the last 200 lines of `<vol>/safs.log` if the daemon keeps one.
     pub fn daemon_log(&self) -> String {
-        fs::read_to_string(self.root_path.join("daemon.log")).unwrap_or_default()
+        let mut log = fs::read_to_string(self.root_path.join("daemon.log")).unwrap_or_default();
+        if let Ok(own) = fs::read_to_string(self.vol.join("safs.log")) {
+            let lines: Vec<&str> = own.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(200)..];
+            log.push_str(&format!(
+                "\n[{}/safs.log, last {} lines]\n",
+                self.vol.display(),
+                tail.len()
+            ));
+            log.push_str(&tail.join("\n"));
+        }
+        log
     }
 
     /// The arguments of `safs mount` for this volume.
@@ -442,7 +465,9 @@ impl TestVolume {
             .stdout(log.try_clone().unwrap())
             .stderr(log);
         let desc = format!("{cmd:?}");
-        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot spawn {desc}: {e}"));
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot spawn {desc}: {e}"));
         let status = wait_child_timeout(&mut child, COMMAND_TIMEOUT)
             .unwrap_or_else(|| panic!("{desc} did not return within {COMMAND_TIMEOUT:?}"));
         assert!(
@@ -487,6 +512,36 @@ impl TestVolume {
     /// `fusermount3 -u`, ...) after the caller checked that it is.
     pub fn forget_mounted(&mut self) {
         self.mounted = false;
+    }
+
+    /// Takes charge of a mount the test made itself (e.g. `safs mount -f`),
+    /// so that [`Drop`] unmounts it.
+    pub fn adopt_mount(&mut self) {
+        assert!(is_fuse_mounted(&self.mnt), "adopt_mount: nothing mounted");
+        self.mounted = true;
+    }
+
+    /// After the daemon was killed (SIGKILL): detach the dead mount and
+    /// wait until the lock is free, so the volume can be mounted again.
+    #[track_caller]
+    pub fn unmount_after_crash(&mut self) {
+        if is_fuse_mounted(&self.mnt) {
+            let out = run_cmd_timeout(
+                Command::new("umount").arg("-l").arg(&self.mnt),
+                Duration::from_secs(30),
+            );
+            assert!(
+                !is_fuse_mounted(&self.mnt),
+                "umount -l {} failed: {}",
+                self.mnt.display(),
+                out.stderr
+            );
+        }
+        self.mounted = false;
+        assert!(
+            self.wait_lock_released(UNMOUNT_TIMEOUT),
+            "lock still held {UNMOUNT_TIMEOUT:?} after the daemon was killed"
+        );
     }
 
     fn try_unmount(&mut self) -> Result<(), String> {
@@ -635,7 +690,13 @@ pub fn setxattr(path: &Path, name: &str, value: &[u8], flags: i32) -> Result<(),
     let (p, n) = (cpath(path), cname(name));
     // SAFETY: valid NUL-terminated strings and a buffer of value.len() bytes.
     let r = unsafe {
-        libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), flags)
+        libc::setxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            flags,
+        )
     };
     Errno::result(r).map(drop)
 }
@@ -645,7 +706,13 @@ pub fn lsetxattr(path: &Path, name: &str, value: &[u8], flags: i32) -> Result<()
     let (p, n) = (cpath(path), cname(name));
     // SAFETY: as in setxattr.
     let r = unsafe {
-        libc::lsetxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), flags)
+        libc::lsetxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            flags,
+        )
     };
     Errno::result(r).map(drop)
 }
@@ -807,7 +874,15 @@ pub fn lremovexattr(path: &Path, name: &str) -> Result<(), Errno> {
 pub fn renameat2(from: &Path, to: &Path, flags: u32) -> Result<(), Errno> {
     let (a, b) = (cpath(from), cpath(to));
     // SAFETY: valid NUL-terminated paths.
-    let r = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), flags) };
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            flags,
+        )
+    };
     Errno::result(r).map(drop)
 }
 
@@ -876,6 +951,16 @@ pub fn meta(path: &Path) -> fs::Metadata {
 /// Permission and type bits of `path` (`st_mode`, without following symlinks).
 pub fn mode_of(path: &Path) -> u32 {
     lmeta(path).mode()
+}
+
+/// The process umask, read without changing it (from /proc/self/status).
+pub fn current_umask() -> u32 {
+    let status = fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Umask:"))
+        .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        .expect("Umask line in /proc/self/status")
 }
 
 /// Sets the permission bits exactly (chmod ignores the umask).
@@ -1024,7 +1109,12 @@ fn ensure_user(name: &str, extra_group: Option<&str>) {
         || nix::unistd::User::from_name(name).ok().flatten().is_some(),
         || {
             let mut c = Command::new("useradd");
-            c.args(["--no-create-home", "--user-group", "--shell", "/usr/sbin/nologin"]);
+            c.args([
+                "--no-create-home",
+                "--user-group",
+                "--shell",
+                "/usr/sbin/nologin",
+            ]);
             if let Some(g) = extra_group {
                 c.args(["--groups", g]);
             }
@@ -1175,7 +1265,10 @@ const TAG_SETUP: u8 = 3;
 /// fork, but other locks held by other threads at that moment stay locked in
 /// the child. A panic in `f` fails the calling test with the panic message.
 #[track_caller]
-pub fn as_user<T: ChildValue>(user: &TestUser, f: impl FnOnce() -> Result<T, Errno>) -> Result<T, Errno> {
+pub fn as_user<T: ChildValue>(
+    user: &TestUser,
+    f: impl FnOnce() -> Result<T, Errno>,
+) -> Result<T, Errno> {
     let uid = Uid::from_raw(user.uid);
     let gid = Gid::from_raw(user.gid);
     let groups: Vec<Gid> = user.groups.iter().map(|g| Gid::from_raw(*g)).collect();
@@ -1241,7 +1334,10 @@ pub fn as_user<T: ChildValue>(user: &TestUser, f: impl FnOnce() -> Result<T, Err
             let Ok(received) = rx.recv_timeout(COMMAND_TIMEOUT) else {
                 let _ = kill(child, Signal::SIGKILL);
                 let _ = waitpid(child, None);
-                panic!("closure run as {} did not finish within {COMMAND_TIMEOUT:?}", user.name);
+                panic!(
+                    "closure run as {} did not finish within {COMMAND_TIMEOUT:?}",
+                    user.name
+                );
             };
             let buf = received.expect("read result pipe");
             let status = waitpid(child, None).expect("waitpid");
@@ -1251,7 +1347,11 @@ pub fn as_user<T: ChildValue>(user: &TestUser, f: impl FnOnce() -> Result<T, Err
 }
 
 #[track_caller]
-fn decode_child_result<T: ChildValue>(user: &TestUser, buf: &[u8], status: WaitStatus) -> Result<T, Errno> {
+fn decode_child_result<T: ChildValue>(
+    user: &TestUser,
+    buf: &[u8],
+    status: WaitStatus,
+) -> Result<T, Errno> {
     let errno = |b: &[u8]| Errno::from_raw(i32::from_le_bytes(b.try_into().expect("4-byte errno")));
     match buf.split_first() {
         Some((&TAG_OK, rest)) => Ok(T::decode(rest)),
@@ -1267,7 +1367,9 @@ fn decode_child_result<T: ChildValue>(user: &TestUser, buf: &[u8], status: WaitS
             user.uid,
             errno(rest)
         ),
-        _ => panic!("closure run as {} died without a result: {status:?}", user.name),
+        _ => panic!(
+            "closure run as {} died without a result: {status:?}",
+            user.name
+        ),
     }
 }
-
