@@ -18,7 +18,10 @@ use safs::meta::MetaStore;
 
 const FILES: usize = 40;
 
-fn expected() -> BTreeMap<String, (Vec<u8>, Vec<(String, Vec<u8>)>)> {
+/// Per file name: its contents and its xattrs.
+type Expected = BTreeMap<String, (Vec<u8>, Vec<(String, Vec<u8>)>)>;
+
+fn expected() -> Expected {
     (0..FILES)
         .map(|i| {
             let data = vec![i as u8; 100 + i * 37];
@@ -62,7 +65,7 @@ fn build(vol: &Path) {
         fs.write(h.fh, 0, &data).unwrap();
         fs.release(h.fh).unwrap();
         for (n, v) in xattrs {
-            fs.setxattr(f, n.as_bytes(), &v, 0).unwrap();
+            fs.setxattr(&Ctx::root(), f, n.as_bytes(), &v, 0).unwrap();
         }
     }
     fs.close().unwrap();

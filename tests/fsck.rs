@@ -61,10 +61,14 @@ fn populated() -> (tempfile::TempDir, std::path::PathBuf, u64) {
     fs.link(f, 1, b"hard").unwrap();
     fs.make_node(&ctx, 1, b"sym", libc::S_IFLNK | 0o777, 0, 0, Some(b"dir/f"))
         .unwrap();
-    fs.setxattr(f, b"user.small", b"1", 0).unwrap();
-    fs.setxattr(f, b"user.spilled", &[2u8; 500], 0).unwrap();
-    fs.setxattr(f, b"user.big1", &[3u8; 65_000], 0).unwrap();
-    fs.setxattr(f, b"user.big2", &[4u8; 65_000], 0).unwrap();
+    fs.setxattr(&Ctx::root(), f, b"user.small", b"1", 0)
+        .unwrap();
+    fs.setxattr(&Ctx::root(), f, b"user.spilled", &[2u8; 500], 0)
+        .unwrap();
+    fs.setxattr(&Ctx::root(), f, b"user.big1", &[3u8; 65_000], 0)
+        .unwrap();
+    fs.setxattr(&Ctx::root(), f, b"user.big2", &[4u8; 65_000], 0)
+        .unwrap();
     fs.close().unwrap();
     (tmp, vol, f)
 }

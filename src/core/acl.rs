@@ -104,6 +104,25 @@ pub fn inherit(parent_default: &[u8], mode: u32, is_dir: bool) -> Option<Inherit
     })
 }
 
+/// `posix_acl_equiv_mode`: the permission bits an access ACL implies
+/// (owner from the owner entry, group from the mask or else the owning
+/// group entry, other), and whether the ACL says nothing beyond them.
+pub fn mode_of(access: &[u8]) -> Option<(u32, bool)> {
+    let acl = parse(access)?;
+    let perm = |tag| {
+        acl.iter()
+            .find(|e| e.tag == tag)
+            .map(|e| u32::from(e.perm & 7))
+    };
+    let user = perm(USER_OBJ)?;
+    let other = perm(OTHER)?;
+    let group = perm(MASK).or(perm(GROUP_OBJ))?;
+    let equivalent = acl
+        .iter()
+        .all(|e| matches!(e.tag, USER_OBJ | GROUP_OBJ | OTHER));
+    Some(((user << 6) | (group << 3) | other, equivalent))
+}
+
 /// `posix_acl_chmod`: rewrites the owner, group-class and other entries of an
 /// access ACL from `mode`. Returns `None` if the ACL does not parse.
 pub fn chmod(access: &[u8], mode: u32) -> Option<Vec<u8>> {
@@ -178,6 +197,20 @@ mod tests {
             (perm(USER_OBJ), perm(GROUP_OBJ), perm(MASK), perm(OTHER)),
             (6, 7, 4, 0)
         );
+    }
+
+    #[test]
+    fn mode_follows_the_mask() {
+        let a = acl(&[
+            (USER_OBJ, 6, 0),
+            (USER, 4, 7),
+            (GROUP_OBJ, 0, 0),
+            (MASK, 4, 0),
+            (OTHER, 0, 0),
+        ]);
+        assert_eq!(mode_of(&a), Some((0o640, false)));
+        let b = acl(&[(USER_OBJ, 7, 0), (GROUP_OBJ, 5, 0), (OTHER, 1, 0)]);
+        assert_eq!(mode_of(&b), Some((0o751, true)));
     }
 
     #[test]

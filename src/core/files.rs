@@ -42,6 +42,14 @@ pub struct Handle {
 impl Fs {
     /// Opens regular file `ino`.
     pub fn open(&self, ino: u64, mode: OpenMode) -> Result<Arc<Handle>> {
+        self.open_as(&Ctx::root(), ino, mode)
+    }
+
+    /// Opens regular file `ino` for `ctx`. An `O_TRUNC` by a caller without
+    /// CAP_FSETID clears set-user-ID, and set-group-ID on a group-executable
+    /// file, as a truncate does (with ATOMIC_O_TRUNC the kernel leaves this
+    /// to us).
+    pub fn open_as(&self, ctx: &Ctx, ino: u64, mode: OpenMode) -> Result<Arc<Handle>> {
         if mode.write || mode.truncate {
             self.writable()?;
         }
@@ -62,6 +70,14 @@ impl Fs {
             inode.blocks = 0;
             inode.mtime = now;
             inode.ctime = now;
+            if inode.mode & (libc::S_ISUID | libc::S_ISGID) != 0
+                && !ctx.has_cap(super::creds::CAP_FSETID)
+            {
+                inode.mode &= !libc::S_ISUID;
+                if inode.mode & libc::S_IXGRP != 0 {
+                    inode.mode &= !libc::S_ISGID;
+                }
+            }
             self.put_inode(&mut st, &mut w, ino, inode);
         }
         let o = st.open.entry(ino).or_default();

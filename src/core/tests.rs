@@ -96,7 +96,8 @@ fn file(t: &T, name: &str) -> u64 {
 fn mtime_change_does_not_rewrite_spill() {
     let t = setup(64);
     let ino = file(&t, "f");
-    t.fs.setxattr(ino, b"user.big", &[7u8; 2000], 0).unwrap();
+    t.fs.setxattr(&Ctx::root(), ino, b"user.big", &[7u8; 2000], 0)
+        .unwrap();
     t.fs.sync().unwrap();
     let spill = keys::spill(ino).to_vec();
     assert!(
@@ -109,7 +110,8 @@ fn mtime_change_does_not_rewrite_spill() {
         ..SetAttr::default()
     };
     t.fs.setattr(&Ctx::root(), ino, &set).unwrap();
-    t.fs.setxattr(ino, b"user.small", b"x", 0).unwrap();
+    t.fs.setxattr(&Ctx::root(), ino, b"user.small", b"x", 0)
+        .unwrap();
     t.fs.sync().unwrap();
     let written = t.engine.written.lock().clone();
     assert!(written.contains(&keys::inode(ino).to_vec()));
@@ -126,8 +128,14 @@ fn tiers_survive_remount_and_absent_names_need_no_read() {
     let ino = file(&t, "f");
     let sizes = [0usize, 1, 200, 1000, 30_000, 65_536, 65_536, 65_536];
     for (i, s) in sizes.iter().enumerate() {
-        t.fs.setxattr(ino, format!("user.v{i}").as_bytes(), &vec![i as u8; *s], 0)
-            .unwrap();
+        t.fs.setxattr(
+            &Ctx::root(),
+            ino,
+            format!("user.v{i}").as_bytes(),
+            &vec![i as u8; *s],
+            0,
+        )
+        .unwrap();
     }
     t.fs.close().unwrap();
     let sb = t.fs.superblock().clone();
@@ -162,27 +170,27 @@ fn xattr_flags_and_limits() {
     let t = setup(320);
     let ino = file(&t, "f");
     assert!(matches!(
-        t.fs.setxattr(ino, b"user.a", b"1", xattr::XATTR_REPLACE),
+        t.fs.setxattr(&Ctx::root(), ino, b"user.a", b"1", xattr::XATTR_REPLACE),
         Err(CoreError::NoData)
     ));
-    t.fs.setxattr(ino, b"user.a", b"1", xattr::XATTR_CREATE)
+    t.fs.setxattr(&Ctx::root(), ino, b"user.a", b"1", xattr::XATTR_CREATE)
         .unwrap();
     assert!(matches!(
-        t.fs.setxattr(ino, b"user.a", b"2", xattr::XATTR_CREATE),
+        t.fs.setxattr(&Ctx::root(), ino, b"user.a", b"2", xattr::XATTR_CREATE),
         Err(CoreError::Exists)
     ));
-    t.fs.setxattr(ino, b"user.a", b"2", xattr::XATTR_REPLACE)
+    t.fs.setxattr(&Ctx::root(), ino, b"user.a", b"2", xattr::XATTR_REPLACE)
         .unwrap();
     assert!(matches!(
-        t.fs.setxattr(ino, b"user.b", &vec![0; 65_537], 0),
+        t.fs.setxattr(&Ctx::root(), ino, b"user.b", &vec![0; 65_537], 0),
         Err(CoreError::TooBig)
     ));
     assert!(matches!(
-        t.fs.setxattr(ino, &[b'u'; 256], b"", 0),
+        t.fs.setxattr(&Ctx::root(), ino, &[b'u'; 256], b"", 0),
         Err(CoreError::Range)
     ));
     assert!(matches!(
-        t.fs.setxattr(ino, b"other.x", b"", 0),
+        t.fs.setxattr(&Ctx::root(), ino, b"other.x", b"", 0),
         Err(CoreError::NotSupported)
     ));
     assert!(matches!(
@@ -369,7 +377,7 @@ fn default_acl_is_inherited() {
         acl.extend_from_slice(&perm.to_le_bytes());
         acl.extend_from_slice(&id.to_le_bytes());
     }
-    t.fs.setxattr(d, b"system.posix_acl_default", &acl, 0)
+    t.fs.setxattr(&Ctx::root(), d, b"system.posix_acl_default", &acl, 0)
         .unwrap();
     let f =
         t.fs.make_node(&ctx, d, b"f", libc::S_IFREG | 0o666, 0o022, 0, None)

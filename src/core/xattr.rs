@@ -194,7 +194,17 @@ impl Fs {
         }
     }
 
-    pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
+    /// Sets an xattr. Setting the access ACL also sets the permission bits
+    /// it implies (the kernel leaves `posix_acl_update_mode` to FUSE
+    /// filesystems), and an ACL the mode alone expresses is not stored.
+    pub fn setxattr(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: i32,
+    ) -> Result<()> {
         check_name(name)?;
         if value.len() > XATTR_SIZE_MAX {
             return Err(CoreError::TooBig);
@@ -217,15 +227,21 @@ impl Fs {
             return Err(CoreError::NoData);
         }
         let mut w = Vec::new();
-        self.xattr_store(
-            &mut st,
-            &mut w,
-            ino,
-            &mut inode,
-            None,
-            name,
-            Some(value.to_vec()),
-        )?;
+        let mut stored = Some(value.to_vec());
+        if name == acl::ACCESS {
+            let (perms, equivalent) = acl::mode_of(value).ok_or(CoreError::Invalid)?;
+            let mut mode = (inode.mode & !0o777) | perms;
+            if !ctx.in_group(inode.gid) && !ctx.has_cap(super::creds::CAP_FSETID) {
+                mode &= !libc::S_ISGID;
+            }
+            inode.mode = mode;
+            if equivalent {
+                stored = None;
+            }
+        }
+        if stored.is_some() || exists {
+            self.xattr_store(&mut st, &mut w, ino, &mut inode, None, name, stored)?;
+        }
         inode.ctime = Timestamp::now();
         self.put_inode(&mut st, &mut w, ino, inode);
         self.commit(w)

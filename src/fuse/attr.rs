@@ -34,6 +34,23 @@ pub fn timestamp(t: SystemTime) -> Timestamp {
     }
 }
 
+/// A time from a request. fuser 0.18 turns a wire time before 1970,
+/// (secs < 0, nsecs), into `EPOCH - (|secs| s + nsecs ns)` where it means
+/// `EPOCH - |secs| s + nsecs ns`; undo that here so that utimensat with
+/// pre-1970 nanoseconds stores what the caller asked for.
+pub fn request_time(t: SystemTime) -> Timestamp {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(_) => timestamp(t),
+        Err(e) => {
+            let d = e.duration();
+            Timestamp {
+                sec: -(d.as_secs() as i64),
+                nsec: d.subsec_nanos(),
+            }
+        }
+    }
+}
+
 pub fn file_type(mode: u32) -> FileType {
     match mode & libc::S_IFMT {
         libc::S_IFDIR => FileType::Directory,
@@ -90,5 +107,20 @@ mod tests {
         ] {
             assert_eq!(timestamp(system_time(t)), t);
         }
+    }
+
+    #[test]
+    fn request_times_undo_fusers_pre_1970_nanoseconds() {
+        // fuser turns wire (-1_000_000, 500) into EPOCH - 1_000_000.0000005 s.
+        let from_fuser = UNIX_EPOCH - Duration::new(1_000_000, 500);
+        assert_eq!(
+            request_time(from_fuser),
+            Timestamp {
+                sec: -1_000_000,
+                nsec: 500
+            }
+        );
+        let after = UNIX_EPOCH + Duration::new(5, 7);
+        assert_eq!(request_time(after), Timestamp { sec: 5, nsec: 7 });
     }
 }

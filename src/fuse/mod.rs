@@ -25,7 +25,7 @@ use fuser::{
 use parking_lot::Mutex;
 
 use crate::core::{self, CoreError, Ctx, Fs, OpenMode, SetAttr, TimeSet};
-use attr::{file_attr, timestamp};
+use attr::{file_attr, request_time};
 use stats::{Op, Stats};
 
 /// Entry and attribute lifetime in the kernel's caches.
@@ -133,7 +133,7 @@ impl SafsFuse {
 fn set_time(t: Option<TimeOrNow>) -> Option<TimeSet> {
     t.map(|t| match t {
         TimeOrNow::Now => TimeSet::Now,
-        TimeOrNow::SpecificTime(st) => TimeSet::At(timestamp(st)),
+        TimeOrNow::SpecificTime(st) => TimeSet::At(request_time(st)),
     })
 }
 
@@ -149,6 +149,9 @@ impl Filesystem for SafsFuse {
             // The kernel enforces and caches ACLs (we inherit defaults and
             // keep them in step with chmod; see core::acl).
             InitFlags::FUSE_POSIX_ACL,
+            // The umask arrives apart from the mode: a parent's default ACL,
+            // not the umask, decides a new inode's permissions.
+            InitFlags::FUSE_DONT_MASK,
             // O_TRUNC arrives with OPEN: no separate SETATTR round trip.
             InitFlags::FUSE_ATOMIC_O_TRUNC,
             // Symlink targets are cached in the page cache.
@@ -235,7 +238,7 @@ impl Filesystem for SafsFuse {
             size,
             atime: set_time(atime),
             mtime: set_time(mtime),
-            ctime: ctime.map(timestamp),
+            ctime: ctime.map(request_time),
             fh: fh.map(|f| f.0),
         };
         match self.fs.setattr(&ctx(req), ino.0, &set) {
@@ -372,9 +375,12 @@ impl Filesystem for SafsFuse {
         self.entry(reply, r);
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _t = self.stats.start(Op::Open);
-        match self.fs.open(ino.0, OpenMode::from_flags(flags.0)) {
+        match self
+            .fs
+            .open_as(&ctx(req), ino.0, OpenMode::from_flags(flags.0))
+        {
             Ok(h) => {
                 if let Some(id) = self.backing_for(&h, |f| reply.open_backing(f)) {
                     reply.opened_passthrough(FileHandle(h.fh), FILE_OPEN_FLAGS, &id);
@@ -649,7 +655,7 @@ impl Filesystem for SafsFuse {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -658,7 +664,10 @@ impl Filesystem for SafsFuse {
         reply: ReplyEmpty,
     ) {
         let _t = self.stats.start(Op::Setxattr);
-        match self.fs.setxattr(ino.0, name.as_bytes(), value, flags) {
+        match self
+            .fs
+            .setxattr(&ctx(req), ino.0, name.as_bytes(), value, flags)
+        {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e.into()),
         }

@@ -70,6 +70,13 @@ pub struct Inode {
 }
 
 /// The expected state: paths → inode ids, inode ids → inodes.
+/// The comparable metadata of a state: per path (kind, mode, xattrs), and
+/// the groups of paths that are hard links of one inode.
+pub type Meta = (
+    BTreeMap<String, (Kind, u32, BTreeMap<String, Vec<u8>>)>,
+    BTreeSet<Vec<String>>,
+);
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Model {
     pub names: BTreeMap<String, u64>,
@@ -120,12 +127,7 @@ impl Model {
         self.names.keys().filter(|p| p.starts_with(&prefix)).count()
     }
     /// Comparable view: per path, (inode group, kind, mode, xattrs).
-    pub fn meta(
-        &self,
-    ) -> (
-        BTreeMap<String, (Kind, u32, BTreeMap<String, Vec<u8>>)>,
-        BTreeSet<Vec<String>>,
-    ) {
+    pub fn meta(&self) -> Meta {
         let mut by_path = BTreeMap::new();
         let mut groups: BTreeMap<u64, Vec<String>> = BTreeMap::new();
         for (p, id) in &self.names {

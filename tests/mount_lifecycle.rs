@@ -1,0 +1,570 @@
+//! The command line and the life of a mount: `safs format` refusals and
+//! `--force`, `safs mount` (background and `-f`), the single-daemon lock,
+//! every way to unmount (umount, fusermount3 -u, SIGTERM, SIGINT) keeping the
+//! data, `ro`, `sync`, `allow_other`, `safs info`, and bad arguments.
+
+mod common;
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, symlink};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use nix::sys::signal::{Signal, kill};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Creates a recognisable tree: files, a directory, a symlink, modes and
+/// xattrs in every tier.
+fn populate(v: &TestVolume) {
+    fs::create_dir(v.path("dir")).unwrap();
+    write_file(&v.path("dir/a"), &pattern(1, 10_000));
+    write_file(&v.path("small"), b"small file");
+    symlink("dir/a", v.path("link")).unwrap();
+    chmod(&v.path("small"), 0o640);
+    setxattr(&v.path("small"), "user.inline", b"tiny", 0).unwrap();
+    setxattr(&v.path("small"), "user.spill", &pattern(2, 3000), 0).unwrap();
+    setxattr(&v.path("dir/a"), "user.overflow", &pattern(3, 65536), 0).unwrap();
+}
+
+#[track_caller]
+fn verify_populated(v: &TestVolume) {
+    let names = list_dir(v.mnt());
+    for n in ["dir", "link", "small"] {
+        assert!(
+            names.iter().any(|x| x == n),
+            "{n} missing from the root: {names:?}"
+        );
+    }
+    assert_eq!(list_dir(&v.path("dir")), ["a"]);
+    assert_eq!(read_file(&v.path("dir/a")), pattern(1, 10_000));
+    assert_eq!(read_file(&v.path("small")), b"small file");
+    assert_eq!(fs::read_link(v.path("link")).unwrap().as_os_str(), "dir/a");
+    assert_eq!(mode_of(&v.path("small")) & 0o7777, 0o640);
+    assert_eq!(getxattr(&v.path("small"), "user.inline").unwrap(), b"tiny");
+    assert_eq!(
+        getxattr(&v.path("small"), "user.spill").unwrap(),
+        pattern(2, 3000)
+    );
+    assert_eq!(
+        getxattr(&v.path("dir/a"), "user.overflow").unwrap(),
+        pattern(3, 65536)
+    );
+}
+
+/// Detaches a mount that a buggy command should not have made.
+fn cleanup_stray_mount(p: &Path) {
+    if is_fuse_mounted(p) {
+        let _ = run_cmd(Command::new("umount").arg("-l").arg(p));
+    }
+}
+
+/// The first token shaped like a UUID (8-4-4-4-12 hex digits).
+fn find_uuid(text: &str) -> Option<String> {
+    text.split(|c: char| !(c.is_ascii_hexdigit() || c == '-'))
+        .find(|tok| {
+            let parts: Vec<&str> = tok.split('-').collect();
+            parts.len() == 5
+                && parts.iter().map(|p| p.len()).eq([8, 4, 4, 4, 12])
+                && parts
+                    .iter()
+                    .all(|p| p.chars().all(|c| c.is_ascii_hexdigit()))
+        })
+        .map(str::to_lowercase)
+}
+
+#[test]
+fn mount_returns_only_once_live_and_a_daemon_keeps_serving() {
+    // TestVolume::new() already asserts the mount is in the mount table
+    // when `safs mount` returns; here: usable at once, and served by a
+    // daemon that outlives the command.
+    let v = TestVolume::new();
+    let st = statfs(v.mnt());
+    assert_eq!(st.f_type, FUSE_SUPER_MAGIC);
+    write_file(&v.path("immediately"), b"usable");
+    assert_eq!(read_file(&v.path("immediately")), b"usable");
+    let pid = daemon_pid(v.vol());
+    assert!(
+        process_alive(pid),
+        "the pid in the lock file ({pid}) is a live process"
+    );
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    assert!(
+        String::from_utf8_lossy(&cmdline).contains("safs"),
+        "pid {pid} in the lock file is not a safs process: {:?}",
+        String::from_utf8_lossy(&cmdline)
+    );
+    assert_eq!(
+        lock_state(v.vol()),
+        LockState::Held,
+        "the daemon holds the lock"
+    );
+}
+
+#[test]
+fn a_second_mount_of_the_same_volume_fails_clearly() {
+    let v = TestVolume::new();
+    populate(&v);
+    let mnt2 = v.root().join("mnt2");
+    fs::create_dir(&mnt2).unwrap();
+    let out = safs(["mount".as_ref(), v.vol().as_os_str(), mnt2.as_os_str()]);
+    let stray = is_fuse_mounted(&mnt2);
+    cleanup_stray_mount(&mnt2);
+    out.assert_failure_with_message("second `safs mount` of a mounted volume");
+    assert!(!stray, "the second mount must not mount anything");
+    // The first mount is unaffected.
+    verify_populated(&v);
+    write_file(&v.path("after"), b"still served");
+    assert_eq!(read_file(&v.path("after")), b"still served");
+    assert_eq!(lock_state(v.vol()), LockState::Held);
+}
+
+#[test]
+fn unmount_releases_the_lock_and_keeps_everything() {
+    let mut v = TestVolume::new();
+    populate(&v);
+    let pid = daemon_pid(v.vol());
+    v.unmount();
+    assert!(!is_fuse_mounted(v.mnt()));
+    assert_ne!(lock_state(v.vol()), LockState::Held);
+    assert!(
+        wait_until(WAIT, || !process_alive(pid)),
+        "daemon {pid} still running after unmount"
+    );
+    v.mount();
+    verify_populated(&v);
+}
+
+#[test]
+fn sigterm_unmounts_cleanly_and_keeps_data() {
+    signal_unmounts_cleanly(Signal::SIGTERM);
+}
+
+#[test]
+fn sigint_unmounts_cleanly_and_keeps_data() {
+    signal_unmounts_cleanly(Signal::SIGINT);
+}
+
+fn signal_unmounts_cleanly(sig: Signal) {
+    let mut v = TestVolume::new();
+    populate(&v);
+    // Unsynced changes right before the signal must be flushed too.
+    write_file(&v.path("last_second"), b"written just before the signal");
+    setxattr(&v.path("last_second"), "user.late", b"late", 0).unwrap();
+    let pid = daemon_pid(v.vol());
+    kill(pid, sig).unwrap();
+    assert!(
+        wait_until(WAIT, || !is_fuse_mounted(v.mnt())),
+        "{sig} did not unmount {}",
+        v.mnt().display()
+    );
+    assert!(
+        wait_until(WAIT, || !process_alive(pid)),
+        "daemon did not exit on {sig}"
+    );
+    assert!(v.wait_lock_released(WAIT), "lock not released after {sig}");
+    v.forget_mounted();
+    v.mount();
+    verify_populated(&v);
+    assert_eq!(
+        read_file(&v.path("last_second")),
+        b"written just before the signal"
+    );
+    assert_eq!(
+        getxattr(&v.path("last_second"), "user.late").unwrap(),
+        b"late"
+    );
+}
+
+#[test]
+fn fusermount3_u_unmounts_cleanly_and_keeps_data() {
+    let mut v = TestVolume::new();
+    populate(&v);
+    let pid = daemon_pid(v.vol());
+    run_cmd(Command::new("fusermount3").arg("-u").arg(v.mnt())).assert_success("fusermount3 -u");
+    assert!(!is_fuse_mounted(v.mnt()));
+    assert!(
+        wait_until(WAIT, || !process_alive(pid)),
+        "daemon did not exit"
+    );
+    assert!(v.wait_lock_released(WAIT));
+    v.forget_mounted();
+    v.mount();
+    verify_populated(&v);
+}
+
+#[test]
+fn foreground_mount_serves_until_unmounted() {
+    let mut v = TestVolume::formatted(&[]);
+    let log = File::create(v.root().join("foreground.log")).unwrap();
+    let mut child = Command::new(SAFS)
+        .arg("mount")
+        .arg(v.vol())
+        .arg(v.mnt())
+        .arg("-f")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let up = wait_until(WAIT, || is_fuse_mounted(v.mnt()));
+    if !up {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "`safs mount -f` did not mount within {WAIT:?}: {}",
+            fs::read_to_string(v.root().join("foreground.log")).unwrap_or_default()
+        );
+    }
+    v.adopt_mount();
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "`safs mount -f` must stay in the foreground while mounted"
+    );
+    assert_eq!(
+        daemon_pid(v.vol()).as_raw(),
+        child.id() as i32,
+        "in the foreground, the serving process is the one we started"
+    );
+    populate(&v);
+    verify_populated(&v);
+    v.unmount();
+    let status = wait_child_timeout(&mut child, WAIT).expect("`safs mount -f` exits after umount");
+    assert!(
+        status.success(),
+        "`safs mount -f` exit status after umount: {status}"
+    );
+    v.mount();
+    verify_populated(&v);
+}
+
+#[test]
+fn format_refuses_a_non_empty_directory() {
+    let tmp = tempfile::tempdir_in("/tmp").unwrap();
+    let dir = tmp.path().join("occupied");
+    fs::create_dir(&dir).unwrap();
+    write_file(&dir.join("precious.txt"), b"do not touch");
+    let out = safs(["format".as_ref(), dir.as_os_str()]);
+    out.assert_failure_with_message("safs format of a non-empty directory");
+    assert_eq!(list_dir(&dir), ["precious.txt"], "nothing half-created");
+    assert_eq!(read_file(&dir.join("precious.txt")), b"do not touch");
+}
+
+#[test]
+fn format_refuses_an_existing_volume_unless_forced() {
+    let mut v = TestVolume::new();
+    populate(&v);
+    let uuid_before = find_uuid(&safs(["info".as_ref(), v.vol().as_os_str()]).stdout)
+        .expect("safs info prints a uuid");
+    v.unmount();
+    let out = safs(["format".as_ref(), v.vol().as_os_str()]);
+    out.assert_failure_with_message("safs format of an existing volume without --force");
+    v.mount();
+    verify_populated(&v);
+    v.unmount();
+
+    safs(["format".as_ref(), v.vol().as_os_str(), "--force".as_ref()])
+        .assert_success("safs format --force of an existing volume");
+    let uuid_after = find_uuid(&safs(["info".as_ref(), v.vol().as_os_str()]).stdout)
+        .expect("safs info prints a uuid");
+    assert_ne!(
+        uuid_before, uuid_after,
+        "a re-formatted volume is a new volume"
+    );
+    v.mount();
+    assert!(
+        list_dir(v.mnt()).is_empty(),
+        "the re-formatted volume is empty"
+    );
+}
+
+#[test]
+fn format_checks_the_inline_budget_range() {
+    let tmp = tempfile::tempdir_in("/tmp").unwrap();
+    for bad in ["16385", "100000", "-1", "abc", ""] {
+        let dir = tmp.path().join(format!("bad{}", bad.len()));
+        let out = safs([
+            "format".as_ref(),
+            dir.as_os_str(),
+            "--inline-xattr-bytes".as_ref(),
+            bad.as_ref(),
+        ]);
+        out.assert_failure_with_message(&format!("--inline-xattr-bytes {bad:?}"));
+        assert!(
+            !dir.exists() || list_dir(&dir).is_empty(),
+            "a refused format left files in {}",
+            dir.display()
+        );
+    }
+    for good in ["0", "16384", "512"] {
+        let dir = tmp.path().join(format!("good{good}"));
+        safs([
+            "format".as_ref(),
+            dir.as_os_str(),
+            "--inline-xattr-bytes".as_ref(),
+            good.as_ref(),
+        ])
+        .assert_success(&format!("--inline-xattr-bytes {good}"));
+        let info = safs(["info".as_ref(), dir.as_os_str()]);
+        info.assert_success("safs info");
+        assert!(
+            info.stdout
+                .split(|c: char| !c.is_ascii_digit())
+                .any(|t| t == good),
+            "safs info does not show the budget {good}: {}",
+            info.stdout
+        );
+    }
+}
+
+#[test]
+fn info_prints_uuid_format_version_and_budget() {
+    let v = TestVolume::with_format_args(&["--inline-xattr-bytes", "777"], &[]);
+    let by_vol = safs(["info".as_ref(), v.vol().as_os_str()]);
+    by_vol.assert_success("safs info <volume>");
+    let uuid = find_uuid(&by_vol.stdout).expect("safs info prints the volume uuid");
+    assert!(
+        by_vol
+            .stdout
+            .split(|c: char| !c.is_ascii_digit())
+            .any(|t| t == "777"),
+        "safs info shows the inline budget: {}",
+        by_vol.stdout
+    );
+    assert!(
+        by_vol.stdout.to_lowercase().contains("version"),
+        "safs info shows the format version: {}",
+        by_vol.stdout
+    );
+    let by_mnt = safs(["info".as_ref(), v.mnt().as_os_str()]);
+    by_mnt.assert_success("safs info <mountpoint>");
+    assert_eq!(
+        find_uuid(&by_mnt.stdout),
+        Some(uuid.clone()),
+        "same volume, same uuid"
+    );
+
+    let other = TestVolume::new();
+    let other_uuid = find_uuid(&safs(["info".as_ref(), other.vol().as_os_str()]).stdout);
+    assert_ne!(other_uuid, Some(uuid), "each volume has its own uuid");
+
+    let tmp = tempfile::tempdir_in("/tmp").unwrap();
+    safs(["info".as_ref(), tmp.path().as_os_str()])
+        .assert_failure_with_message("safs info of a directory that is no volume");
+}
+
+#[test]
+fn bad_commands_flags_and_options_exit_non_zero_with_a_message() {
+    let v = TestVolume::formatted(&[]);
+    let mnt = v.mnt().to_str().unwrap().to_string();
+    let vol = v.vol().to_str().unwrap().to_string();
+    let not_a_volume = v.root().join("not-a-volume");
+    fs::create_dir(&not_a_volume).unwrap();
+    let nav = not_a_volume.to_str().unwrap().to_string();
+    let missing = v.root().join("missing").to_str().unwrap().to_string();
+    let cases: Vec<(&str, Vec<&str>)> = vec![
+        ("no arguments", vec![]),
+        ("unknown command", vec!["frobnicate"]),
+        ("format without a directory", vec!["format"]),
+        ("mount without arguments", vec!["mount"]),
+        ("mount without a mountpoint", vec!["mount", &vol]),
+        ("unknown flag", vec!["mount", &vol, &mnt, "--no-such-flag"]),
+        (
+            "unknown mount option",
+            vec!["mount", &vol, &mnt, "-o", "no_such_option"],
+        ),
+        (
+            "mount of a directory that is no volume",
+            vec!["mount", &nav, &mnt],
+        ),
+        ("mount of a missing volume", vec!["mount", &missing, &mnt]),
+        (
+            "mount on a missing mountpoint",
+            vec!["mount", &vol, &missing],
+        ),
+        ("info without a path", vec!["info"]),
+        ("info of a missing path", vec!["info", &missing]),
+    ];
+    let mut problems = Vec::new();
+    for (what, args) in &cases {
+        let out = safs(args);
+        let stray = is_fuse_mounted(v.mnt());
+        cleanup_stray_mount(v.mnt());
+        if stray {
+            problems.push(format!("{what}: mounted anyway"));
+        }
+        if out.success() {
+            problems.push(format!("{what}: exit 0 (stdout {:?})", out.stdout));
+        } else if out.stderr.trim().is_empty() {
+            problems.push(format!("{what}: failed ({}) without a message", out.status));
+        } else if out.status.code().is_none() {
+            problems.push(format!("{what}: killed by a signal ({})", out.status));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "bad invocations:\n{}",
+        problems.join("\n")
+    );
+    // --help works for every command.
+    for cmd in [
+        vec!["--help"],
+        vec!["format", "--help"],
+        vec!["mount", "--help"],
+        vec!["info", "--help"],
+    ] {
+        let out = safs(&cmd);
+        out.assert_success(&format!("safs {cmd:?}"));
+        assert!(
+            !out.stdout.trim().is_empty(),
+            "safs {cmd:?} printed nothing"
+        );
+    }
+}
+
+#[test]
+fn read_only_mount_refuses_every_change() {
+    let mut v = TestVolume::new();
+    populate(&v);
+    v.unmount();
+    v.set_options(&["ro"]);
+    v.mount();
+    verify_populated(&v);
+    let small = v.path("small");
+    let erofs = |what: &str, r: Result<(), Errno>| {
+        assert_eq!(r, Err(Errno::EROFS), "{what} on a read-only mount");
+    };
+    erofs("create", File::create(v.path("new")).errno().map(drop));
+    erofs(
+        "open for write",
+        OpenOptions::new()
+            .write(true)
+            .open(&small)
+            .errno()
+            .map(drop),
+    );
+    erofs("mkdir", fs::create_dir(v.path("newdir")).errno());
+    erofs("symlink", symlink("x", v.path("newlink")).errno());
+    erofs("unlink", fs::remove_file(&small).errno());
+    erofs("rmdir", fs::remove_dir(v.path("dir")).errno());
+    erofs("rename", fs::rename(&small, v.path("renamed")).errno());
+    erofs("link", fs::hard_link(&small, v.path("hard")).errno());
+    erofs("truncate", nix::unistd::truncate(&small, 0));
+    erofs(
+        "chmod",
+        fs::set_permissions(&small, std::os::unix::fs::PermissionsExt::from_mode(0o777)).errno(),
+    );
+    erofs("utimensat", utimensat(&small, (1, 0), (1, 0), 0));
+    erofs("setxattr", setxattr(&small, "user.new", b"x", 0));
+    erofs("removexattr", removexattr(&small, "user.inline"));
+    v.unmount();
+    v.set_options(&[]);
+    v.mount();
+    verify_populated(&v);
+}
+
+/// The changes a crash test makes and later checks.
+fn metadata_workload(v: &TestVolume) {
+    fs::create_dir_all(v.path("a/b")).unwrap();
+    for i in 0..20 {
+        write_file(&v.path(format!("a/f{i}")), format!("file {i}").as_bytes());
+    }
+    fs::rename(v.path("a/f0"), v.path("a/b/moved")).unwrap();
+    fs::rename(v.path("a/f1"), v.path("a/f2")).unwrap();
+    fs::hard_link(v.path("a/f3"), v.path("a/b/f3link")).unwrap();
+    fs::remove_file(v.path("a/f4")).unwrap();
+    chmod(&v.path("a/f5"), 0o604);
+    setxattr(&v.path("a/f6"), "user.inline", b"i", 0).unwrap();
+    setxattr(&v.path("a/f6"), "user.spill", &pattern(6, 5000), 0).unwrap();
+    setxattr(&v.path("a/f6"), "user.overflow", &pattern(7, 65536), 0).unwrap();
+    symlink("f7", v.path("a/sym")).unwrap();
+}
+
+#[track_caller]
+fn verify_metadata_workload(v: &TestVolume) {
+    let mut expected: Vec<String> = (0..20)
+        .filter(|i| ![0, 1, 4].contains(i))
+        .map(|i| format!("f{i}"))
+        .collect();
+    expected.extend(["b".to_string(), "sym".to_string()]);
+    expected.sort();
+    assert_eq!(list_dir(&v.path("a")), expected);
+    assert_eq!(list_dir(&v.path("a/b")), ["f3link", "moved"]);
+    assert_eq!(read_file(&v.path("a/b/moved")), b"file 0");
+    assert_eq!(
+        read_file(&v.path("a/f2")),
+        b"file 1",
+        "rename over an existing name"
+    );
+    assert_eq!(lmeta(&v.path("a/f3")).nlink(), 2);
+    assert_eq!(mode_of(&v.path("a/f5")) & 0o7777, 0o604);
+    assert_eq!(getxattr(&v.path("a/f6"), "user.inline").unwrap(), b"i");
+    assert_eq!(
+        getxattr(&v.path("a/f6"), "user.spill").unwrap(),
+        pattern(6, 5000)
+    );
+    assert_eq!(
+        getxattr(&v.path("a/f6"), "user.overflow").unwrap(),
+        pattern(7, 65536)
+    );
+    assert_eq!(fs::read_link(v.path("a/sym")).unwrap().as_os_str(), "f7");
+}
+
+fn kill_daemon_hard(v: &mut TestVolume) {
+    let pid = daemon_pid(v.vol());
+    kill(pid, Signal::SIGKILL).unwrap();
+    assert!(
+        wait_until(WAIT, || !process_alive(pid)),
+        "daemon survived SIGKILL"
+    );
+    v.unmount_after_crash();
+}
+
+#[test]
+fn sync_mount_keeps_every_acknowledged_metadata_change_after_sigkill() {
+    let mut v = TestVolume::with_options(&["sync"]);
+    metadata_workload(&v);
+    kill_daemon_hard(&mut v);
+    v.mount();
+    verify_metadata_workload(&v);
+}
+
+#[test]
+fn fsynced_changes_survive_sigkill_of_the_daemon() {
+    let mut v = TestVolume::new();
+    metadata_workload(&v);
+    let p = v.path("durable");
+    let mut f = File::create(&p).unwrap();
+    let data = pattern(11, 2 * 1024 * 1024);
+    f.write_all(&data).unwrap();
+    f.sync_all().unwrap();
+    File::open(v.mnt()).unwrap().sync_all().unwrap();
+    // syncfs covers everything before it.
+    nix::unistd::syncfs(&f).unwrap();
+    drop(f);
+    kill_daemon_hard(&mut v);
+    v.mount();
+    verify_metadata_workload(&v);
+    assert_bytes_eq(&read_file(&p), &data, "fsynced file after SIGKILL");
+}
+
+#[test]
+fn allow_other_is_off_unless_asked_for() {
+    let u = users();
+    let private = TestVolume::new();
+    chmod(private.mnt(), 0o777);
+    let mnt = private.mnt().to_path_buf();
+    assert_eq!(
+        as_user(&u.u1, || fs::metadata(&mnt).errno().map(drop)).unwrap_err(),
+        Errno::EACCES,
+        "without allow_other other users cannot enter the mount"
+    );
+    let shared = TestVolume::with_options(&["allow_other"]);
+    chmod(shared.mnt(), 0o777);
+    let mnt: PathBuf = shared.path("by_u1");
+    as_user(&u.u1, || fs::write(&mnt, b"hello").errno()).unwrap();
+    assert_eq!(read_file(&mnt), b"hello");
+}
