@@ -1,0 +1,261 @@
+#!/usr/bin/env bash
+# Pass all tests — the README's test command; .ci/run runs exactly this.
+#
+#   bash scripts/test.sh
+#
+# On a fresh Debian 12 machine, as root, it first installs only what is
+# missing (apt packages, a Rust toolchain, the `tests` user pjdfstest needs,
+# pjdfstest itself), then runs:
+#   1. cargo fmt --all -- --check
+#   2. cargo clippy --all-targets -- -D warnings
+#   3. cargo test --release --no-fail-fast: unit and property tests, and
+#      tests/mount_*.rs, which format and mount real volumes through /dev/fuse
+#   4. pjdfstest (tests/pjdfstest.toml) in a directory of a fresh
+#      `safs mount -o allow_other`, with a secondary file system for EXDEV
+#   5. pjdfstest's EROFS tests on their own (they remount read-only)
+# Every step runs even if an earlier one failed (except that pjdfstest needs a
+# built safs); the script prints a summary and exits non-zero if any failed.
+# Whatever it mounted is unmounted on exit, on failure and on Ctrl-C too.
+#
+# Environment: CARGO_TEST_TIMEOUT, PJDFSTEST_TIMEOUT (seconds) bound the two
+# long steps so that a hung mount cannot hang CI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+PJDFSTEST_VERSION=0.2.2
+CARGO_TEST_TIMEOUT=${CARGO_TEST_TIMEOUT:-1200}
+PJDFSTEST_TIMEOUT=${PJDFSTEST_TIMEOUT:-900}
+START=$SECONDS
+
+say() { printf '\n== %s\n' "$*"; }
+die() { printf 'scripts/test.sh: %s\n' "$*" >&2; exit 1; }
+have() { command -v "$1" >/dev/null 2>&1; }
+
+[ "$(id -u)" = 0 ] || die "run as root: the tests mount FUSE file systems and switch users"
+
+# --- 1. system packages, only the missing ones -------------------------------
+need=()
+have fusermount3 || need+=(fuse3)
+have getfattr || need+=(attr)
+have setfacl || need+=(acl)
+have setpriv || need+=(util-linux)
+have flock || need+=(util-linux)
+have umount || need+=(mount)
+have useradd || need+=(passwd)
+have cc || need+=(build-essential)
+have pkg-config || need+=(pkg-config)
+[ -e /usr/include/sys/acl.h ] || need+=(libacl1-dev) # pjdfstest links libacl
+if ! have cargo && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ]; then
+  have curl || need+=(curl ca-certificates)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  say "installing missing packages: ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+[ -e /dev/fuse ] || modprobe fuse 2>/dev/null || true
+[ -e /dev/fuse ] || die "/dev/fuse is missing: safs's tests need FUSE (modprobe fuse, or run the container with --device /dev/fuse)"
+
+# --- 2. Rust toolchain, only if cargo is missing -----------------------------
+CARGO_BIN=${CARGO_HOME:-$HOME/.cargo}/bin
+if ! have cargo && [ ! -x "$CARGO_BIN/cargo" ]; then
+  say "installing a Rust toolchain with rustup"
+  curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component rustfmt,clippy
+fi
+case ":$PATH:" in *":$CARGO_BIN:"*) ;; *) export PATH="$CARGO_BIN:$PATH" ;; esac
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+  have rustup || die "cargo fmt / cargo clippy are missing and there is no rustup to add them"
+  rustup component add rustfmt clippy
+fi
+
+# --- 3. users: pjdfstest switches to nobody:nogroup and tests:tests ----------
+# (the integration tests create their own users safs_u1/safs_u2 when needed)
+if ! id -u tests >/dev/null 2>&1; then
+  if getent group tests >/dev/null; then
+    useradd --no-create-home --gid tests --shell /usr/sbin/nologin tests
+  else
+    useradd --no-create-home --user-group --shell /usr/sbin/nologin tests
+  fi
+fi
+[ "$(id -gn tests)" = tests ] || die "user 'tests' exists but its primary group is not 'tests' (pjdfstest needs that)"
+[ "$(id -gn nobody 2>/dev/null)" = nogroup ] || die "pjdfstest needs the user nobody with primary group nogroup"
+
+# --- the steps -----------------------------------------------------------------
+WORK=$(mktemp -d /tmp/safs-test-run.XXXXXX)
+chmod 0755 "$WORK" # the pjdfstest users must reach the mount point
+VOL=$WORK/vol
+MNT=$WORK/mnt
+SUMMARY=()
+FAILURES=0
+TOTAL_PASSED=0
+TOTAL_FAILED=0
+TOTAL_SKIPPED=0
+CLEAN_STRAY_MOUNTS=0
+
+is_mounted() { awk -v m="$1" '$5 == m { found = 1 } END { exit !found }' /proc/self/mountinfo; }
+
+# Detaches FUSE mounts that integration tests left behind under /tmp/safs-test-*
+# (only after a failed or timed-out `cargo test`): aborting the connection
+# first releases any process stuck in a request to a dead or hung daemon.
+clean_stray_mounts() {
+  awk '$5 ~ "^/tmp/safs-test-" { for (i = 7; i <= NF; i++) if ($i == "-") { if ($(i + 1) ~ /^fuse/) print $3, $5; break } }' \
+    /proc/self/mountinfo | while read -r devno mnt; do
+    local minor=${devno#*:}
+    echo "cleaning up stray test mount $mnt"
+    if [ -w "/sys/fs/fuse/connections/$minor/abort" ]; then
+      echo 1 >"/sys/fs/fuse/connections/$minor/abort" || true
+    fi
+    umount -l "$mnt" 2>/dev/null || true
+  done
+}
+
+cleanup() {
+  local rc=$?
+  trap - EXIT
+  if is_mounted "$MNT"; then
+    umount "$MNT" 2>/dev/null || fusermount3 -u -z "$MNT" 2>/dev/null || umount -l "$MNT" || true
+    # The daemon flushes and exits; wait (bounded) until it released the lock.
+    for _ in $(seq 1 100); do
+      flock -n "$VOL/lock" true 2>/dev/null && break
+      sleep 0.1
+    done
+  fi
+  [ "$CLEAN_STRAY_MOUNTS" = 1 ] && clean_stray_mounts
+  if ! is_mounted "$MNT"; then rm -rf "$WORK"; fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# record STATUS SECONDS DESCRIPTION
+record() {
+  SUMMARY+=("$(printf '%-4s %5ss  %s' "$1" "$2" "$3")")
+  [ "$1" = PASS ] || FAILURES=$((FAILURES + 1))
+}
+
+# step NAME COMMAND...: runs the command, records PASS/FAIL and its duration.
+step() {
+  local name=$1
+  shift
+  say "$name"
+  local t0=$SECONDS
+  if "$@"; then record PASS $((SECONDS - t0)) "$name"; else record FAIL $((SECONDS - t0)) "$name (exit $?)"; fi
+}
+
+step "cargo fmt --all -- --check" cargo fmt --all -- --check
+step "cargo clippy --all-targets -- -D warnings" cargo clippy --all-targets --locked -- -D warnings
+
+# cargo test --release, with per-binary counts taken from its output.
+say "cargo test --release"
+t0=$SECONDS
+set +e
+timeout -k 30 "$CARGO_TEST_TIMEOUT" cargo test --release --locked --no-fail-fast -- --test-threads=2 2>&1 | tee "$WORK/cargo-test.log"
+rc=${PIPESTATUS[0]}
+set -e
+read -r passed failed ignored < <(awk '/^test result:/ {
+    for (i = 1; i <= NF; i++) {
+      if ($(i + 1) ~ /^passed/) p += $i
+      if ($(i + 1) ~ /^failed/) f += $i
+      if ($(i + 1) ~ /^ignored/) g += $i
+    }
+  } END { print p + 0, f + 0, g + 0 }' "$WORK/cargo-test.log")
+TOTAL_PASSED=$((TOTAL_PASSED + passed))
+TOTAL_FAILED=$((TOTAL_FAILED + failed))
+TOTAL_SKIPPED=$((TOTAL_SKIPPED + ignored))
+desc="cargo test --release: $passed passed, $failed failed, $ignored ignored"
+if [ "$rc" = 124 ]; then desc="$desc (TIMED OUT after ${CARGO_TEST_TIMEOUT}s)"; fi
+if [ "$rc" = 0 ] && [ "$failed" = 0 ] && [ "$passed" -gt 0 ]; then
+  record PASS $((SECONDS - t0)) "$desc"
+else
+  record FAIL $((SECONDS - t0)) "$desc (exit $rc)"
+  CLEAN_STRAY_MOUNTS=1
+  clean_stray_mounts
+fi
+
+# pjdfstest: install the pinned version unless it is already on PATH.
+pjdfstest_ready() { have pjdfstest && [ "$(pjdfstest --version 2>/dev/null)" = "pjdfstest $PJDFSTEST_VERSION" ]; }
+if ! pjdfstest_ready; then
+  step "cargo install --locked pjdfstest --version $PJDFSTEST_VERSION" \
+    cargo install --locked --quiet pjdfstest --version "$PJDFSTEST_VERSION"
+fi
+
+# run_pjdfstest NAME CONFIG DIR [PATTERN...]: runs pjdfstest in DIR and
+# records its summary line; it fails on any failed test or a missing summary.
+run_pjdfstest() {
+  local name=$1 config=$2 dir=$3
+  shift 3
+  local log=$WORK/$name.log t0=$SECONDS rc
+  say "$name: pjdfstest -c $config -p $dir -s $WORK/secondary $*"
+  mkdir -p "$dir"
+  chmod 0755 "$dir"
+  set +e
+  NO_COLOR=1 timeout -k 10 "$PJDFSTEST_TIMEOUT" \
+    pjdfstest -c "$config" -p "$dir" -s "$WORK/secondary" "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  local line failed skipped passed
+  line=$(grep -E '^Summary: ' "$log" | tail -n 1 || true)
+  if [ -z "$line" ]; then
+    record FAIL $((SECONDS - t0)) "$name: no summary (exit $rc)"
+    return
+  fi
+  failed=$(sed -E 's/^Summary: ([0-9]+) failed.*/\1/' <<<"$line")
+  skipped=$(sed -E 's/.* ([0-9]+) skipped.*/\1/' <<<"$line")
+  passed=$(sed -E 's/.* ([0-9]+) passed.*/\1/' <<<"$line")
+  TOTAL_PASSED=$((TOTAL_PASSED + passed))
+  TOTAL_FAILED=$((TOTAL_FAILED + failed))
+  TOTAL_SKIPPED=$((TOTAL_SKIPPED + skipped))
+  local desc="$name: $passed passed, $failed failed, $skipped skipped"
+  if [ "$rc" = 0 ] && [ "$failed" = 0 ] && [ "$passed" -gt 0 ]; then
+    record PASS $((SECONDS - t0)) "$desc"
+  else
+    record FAIL $((SECONDS - t0)) "$desc (exit $rc)"
+    grep -E ' FAILED$' "$log" | sed 's/^/    /' || true
+  fi
+  if [ "$skipped" -gt 0 ]; then
+    echo "$name skipped:"
+    grep -E ' skipped$' "$log" | awk '{ print "    " $1 }'
+  fi
+}
+
+SAFS=$ROOT/target/release/safs
+t0=$SECONDS
+if ! cargo build --release --locked --quiet --bin safs || [ ! -x "$SAFS" ]; then
+  record FAIL $((SECONDS - t0)) "pjdfstest: not run, safs did not build"
+elif ! pjdfstest_ready; then
+  record FAIL 0 "pjdfstest: not run, pjdfstest $PJDFSTEST_VERSION is not installed"
+else
+  mkdir -p "$MNT" "$WORK/secondary"
+  if ! "$SAFS" format "$VOL"; then
+    record FAIL $((SECONDS - t0)) "pjdfstest: not run, safs format failed"
+  elif ! "$SAFS" mount "$VOL" "$MNT" -o allow_other; then
+    record FAIL $((SECONDS - t0)) "pjdfstest: not run, safs mount failed"
+    tail -n 50 "$VOL/safs.log" 2>/dev/null || true
+  else
+    run_pjdfstest pjdfstest "$ROOT/tests/pjdfstest.toml" "$MNT/pjdfstest"
+    # The EROFS tests remount the file system read-only and back, which fails
+    # with EBUSY while other tests still hold files open for writing, so they
+    # run on their own, with remounting allowed.
+    sed 's/^allow_remount = false$/allow_remount = true/' "$ROOT/tests/pjdfstest.toml" >"$WORK/pjdfstest-erofs.toml"
+    if grep -q '^allow_remount = true$' "$WORK/pjdfstest-erofs.toml"; then
+      run_pjdfstest pjdfstest-erofs "$WORK/pjdfstest-erofs.toml" "$MNT/pjdfstest-erofs" erofs
+    else
+      record FAIL 0 "pjdfstest-erofs: tests/pjdfstest.toml has no 'allow_remount = false' line to flip"
+    fi
+  fi
+fi
+
+# --- summary -------------------------------------------------------------------
+printf '\n==================== safs test summary ====================\n'
+printf '%s\n' "${SUMMARY[@]}"
+printf 'time: %ss\n' $((SECONDS - START))
+if [ "$FAILURES" -gt 0 ]; then
+  printf 'RESULT: FAILED (%s step(s))\n' "$FAILURES"
+else
+  printf 'RESULT: all steps passed\n'
+fi
+printf 'total: %s passed, %s failed, %s skipped\n' "$TOTAL_PASSED" "$TOTAL_FAILED" "$TOTAL_SKIPPED"
+[ "$FAILURES" -eq 0 ]
