@@ -4,7 +4,8 @@
 //! Everything lives under `<workdir>/safs-bench-setup.<pid>/`:
 //!
 //! ```text
-//! safs.vol/   safs volume        safs/   its mountpoint
+//! safs-disk.img  sparse ext4 image  safs-disk/  holds the safs volume (vol/)
+//!                                   safs/       the safs mountpoint
 //! ext4.img    sparse image       ext4/   mounted from a loop device
 //! xfs.img     sparse image       xfs/    mounted from a loop device
 //!                                tmpfs/  tmpfs, size-limited
@@ -169,6 +170,45 @@ fn run_cmd(cmd: &mut Command) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
+/// Makes `<root>/<name>.img` with filesystem `fs`, attaches it to a loop
+/// device and mounts it on `<root>/<name>`; records both for teardown.
+fn loop_mount(s: &mut Setup, env: &Env<'_>, fs: &str, name: &str) -> anyhow::Result<PathBuf> {
+    // ext4: initialise inode tables and journal now, not in a background
+    // thread (ext4lazyinit) that would write during the first tests.
+    let (mkfs, args): (&str, &[&str]) = match fs {
+        "ext4" => (
+            "mkfs.ext4",
+            &["-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"],
+        ),
+        _ => ("mkfs.xfs", &["-q", "-f"]),
+    };
+    let img = s.root.join(format!("{name}.img"));
+    let mnt = s.root.join(name);
+    std::fs::create_dir_all(&mnt)?;
+    std::fs::File::create(&img)
+        .and_then(|f| f.set_len(env.sizes.image_bytes))
+        .with_context(|| format!("cannot create {}", img.display()))?;
+    let mkfs = find_program(mkfs).context("mkfs is missing")?;
+    run_cmd(Command::new(mkfs).args(args).arg(&img))?;
+    let dev = run_cmd(
+        Command::new("losetup")
+            .args(["--find", "--show", "--direct-io=on"])
+            .arg(&img),
+    )
+    .or_else(|_| run_cmd(Command::new("losetup").args(["--find", "--show"]).arg(&img)))?;
+    s.loops.push(dev.clone());
+    nix::mount::mount(
+        Some(dev.as_str()),
+        &mnt,
+        Some(fs),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .with_context(|| format!("cannot mount {dev} ({fs}) on {}", mnt.display()))?;
+    s.mounts.push(Mounted::Kernel(mnt.clone()));
+    Ok(mnt)
+}
+
 impl Setup {
     pub fn create(env: &Env<'_>, stop: &AtomicBool) -> anyhow::Result<Setup> {
         let root = env
@@ -189,8 +229,12 @@ impl Setup {
             Ok(())
         };
 
-        // safs
-        let vol = root.join("safs.vol");
+        // safs, on an ext4 image of its own as fresh as the ext4 target's:
+        // the backing files' filesystem is part of what safs costs, and a
+        // long-used host filesystem (slow inode allocation after heavy
+        // churn) would be measured instead of safs.
+        let disk = loop_mount(&mut s, env, "ext4", "safs-disk")?;
+        let vol = disk.join("vol");
         let mnt = root.join("safs");
         std::fs::create_dir_all(&mnt)?;
         run_cmd(Command::new(env.safs_exe).arg("format").arg(&vol))?;
@@ -208,40 +252,8 @@ impl Setup {
         check()?;
 
         // ext4 and xfs on loop devices
-        // ext4: initialise inode tables and journal now, not in a background
-        // thread (ext4lazyinit) that would write during the first tests.
-        for (fs, mkfs, args) in [
-            (
-                "ext4",
-                "mkfs.ext4",
-                &["-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"][..],
-            ),
-            ("xfs", "mkfs.xfs", &["-q", "-f"][..]),
-        ] {
-            let img = root.join(format!("{fs}.img"));
-            let mnt = root.join(fs);
-            std::fs::create_dir_all(&mnt)?;
-            std::fs::File::create(&img)
-                .and_then(|f| f.set_len(env.sizes.image_bytes))
-                .with_context(|| format!("cannot create {}", img.display()))?;
-            let mkfs = super::setup::find_program(mkfs).context("mkfs is missing")?;
-            run_cmd(Command::new(mkfs).args(args).arg(&img))?;
-            let dev = run_cmd(
-                Command::new("losetup")
-                    .args(["--find", "--show", "--direct-io=on"])
-                    .arg(&img),
-            )
-            .or_else(|_| run_cmd(Command::new("losetup").args(["--find", "--show"]).arg(&img)))?;
-            s.loops.push(dev.clone());
-            nix::mount::mount(
-                Some(dev.as_str()),
-                &mnt,
-                Some(fs),
-                nix::mount::MsFlags::empty(),
-                None::<&str>,
-            )
-            .with_context(|| format!("cannot mount {dev} ({fs}) on {}", mnt.display()))?;
-            s.mounts.push(Mounted::Kernel(mnt.clone()));
+        for fs in ["ext4", "xfs"] {
+            let mnt = loop_mount(&mut s, env, fs, fs)?;
             s.targets.push(TargetSpec {
                 label: fs.into(),
                 dir: mnt,

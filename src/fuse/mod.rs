@@ -144,8 +144,9 @@ impl Filesystem for SafsFuse {
         let wanted = [
             // Directory listings carry attributes: `ls -l` needs no LOOKUP
             // per entry.
+            // Always plus (not READDIRPLUS_AUTO, which made the kernel send a
+            // plain READDIR and then a READDIRPLUS for the same directory).
             InitFlags::FUSE_DO_READDIRPLUS,
-            InitFlags::FUSE_READDIRPLUS_AUTO,
             // The kernel enforces and caches ACLs (we inherit defaults and
             // keep them in step with chmod; see core::acl).
             InitFlags::FUSE_POSIX_ACL,
