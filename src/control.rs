@@ -30,6 +30,21 @@ pub struct StatsReply {
     pub ops: Vec<OpReport>,
     pub cached_inodes: usize,
     pub inode_cache_capacity: usize,
+    /// The daemon's peak resident memory (VmHWM), KiB.
+    #[serde(default)]
+    pub peak_rss_kib: u64,
+}
+
+/// VmHWM of this process, KiB (0 if unreadable).
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 #[derive(Serialize, Deserialize)]
@@ -73,6 +88,7 @@ fn handle(conn: UnixStream, fs: &Fs, stats: &Stats) -> std::io::Result<()> {
                     ops: stats.report(),
                     cached_inodes: cached,
                     inode_cache_capacity: cap,
+                    peak_rss_kib: peak_rss_kib(),
                 }),
             }
         }
