@@ -130,6 +130,32 @@ impl SafsFuse {
     }
 }
 
+impl SafsFuse {
+    /// Feeds the entries of directory `ino` after cookie `offset` to `add`,
+    /// a page of `page` at a time, until `add` says the reply is full or the
+    /// directory ends.
+    fn list(
+        &self,
+        ino: u64,
+        mut offset: u64,
+        page: usize,
+        mut add: impl FnMut(&core::DirEntry) -> core::Result<bool>,
+    ) -> core::Result<()> {
+        loop {
+            let entries = self.fs.readdir(ino, offset, page)?;
+            if entries.is_empty() {
+                return Ok(());
+            }
+            for e in &entries {
+                if add(e)? {
+                    return Ok(());
+                }
+                offset = e.cookie;
+            }
+        }
+    }
+}
+
 fn set_time(t: Option<TimeOrNow>) -> Option<TimeSet> {
     t.map(|t| match t {
         TimeOrNow::Now => TimeSet::Now,
@@ -544,28 +570,18 @@ impl Filesystem for SafsFuse {
         mut reply: ReplyDirectory,
     ) {
         let _t = self.stats.start(Op::Readdir);
-        let mut offset = offset;
-        loop {
-            let page = match self.fs.readdir(ino.0, offset, 256) {
-                Ok(p) => p,
-                Err(e) => return reply.error(e.into()),
-            };
-            if page.is_empty() {
-                break;
-            }
-            for e in page {
-                if reply.add(
-                    INodeNo(e.ino),
-                    e.cookie,
-                    attr::dtype(e.kind),
-                    OsStr::from_bytes(&e.name),
-                ) {
-                    return reply.ok();
-                }
-                offset = e.cookie;
-            }
+        let r = self.list(ino.0, offset, 256, |e| {
+            Ok(reply.add(
+                INodeNo(e.ino),
+                e.cookie,
+                attr::dtype(e.kind),
+                OsStr::from_bytes(&e.name),
+            ))
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e.into()),
         }
-        reply.ok();
     }
 
     fn readdirplus(
@@ -577,43 +593,31 @@ impl Filesystem for SafsFuse {
         mut reply: ReplyDirectoryPlus,
     ) {
         let _t = self.stats.start(Op::Readdirplus);
-        let mut offset = offset;
-        loop {
-            let page = match self.fs.readdir(ino.0, offset, 128) {
-                Ok(p) => p,
-                Err(e) => return reply.error(e.into()),
+        let r = self.list(ino.0, offset, 128, |e| {
+            let a = match self.fs.entry_attr(e.ino) {
+                Ok(a) => a,
+                // Removed since the listing was read: skip it.
+                Err(CoreError::NotFound) => return Ok(false),
+                Err(err) => return Err(err),
             };
-            if page.is_empty() {
-                break;
+            let full = reply.add(
+                INodeNo(e.ino),
+                e.cookie,
+                OsStr::from_bytes(&e.name),
+                &TTL,
+                &file_attr(&a),
+                Generation(a.generation),
+            );
+            // The kernel takes a reference for every entry but the dots.
+            if !full && e.name != b"." && e.name != b".." {
+                self.fs.note_lookup(e.ino);
             }
-            for e in page {
-                let a = match self.fs.entry_attr(e.ino) {
-                    Ok(a) => a,
-                    Err(CoreError::NotFound) => {
-                        offset = e.cookie;
-                        continue;
-                    }
-                    Err(err) => return reply.error(err.into()),
-                };
-                let dots = e.name == b"." || e.name == b"..";
-                if reply.add(
-                    INodeNo(e.ino),
-                    e.cookie,
-                    OsStr::from_bytes(&e.name),
-                    &TTL,
-                    &file_attr(&a),
-                    Generation(a.generation),
-                ) {
-                    return reply.ok();
-                }
-                // The kernel takes a reference for every entry but the dots.
-                if !dots {
-                    self.fs.note_lookup(e.ino);
-                }
-                offset = e.cookie;
-            }
+            Ok(full)
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e.into()),
         }
-        reply.ok();
     }
 
     fn releasedir(

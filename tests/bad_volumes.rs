@@ -1,0 +1,149 @@
+//! Volumes that are missing, foreign, corrupt or from a newer safs, and
+//! mountpoints that are missing, busy or not empty: each gets a clear error,
+//! nothing is changed, and the volume files keep their private modes. Also
+//! `mount -t fuse.safs` through the installed helper.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+
+fn safs(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_safs"))
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+fn fresh() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let t = tempfile::tempdir().unwrap();
+    let vol = t.path().join("vol");
+    let mnt = t.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    assert_eq!(safs(&["format", p(&vol)]).0, 0);
+    (t, vol, mnt)
+}
+
+fn assert_refused(args: &[&str], expect: &str) {
+    let (code, out) = safs(args);
+    assert_ne!(code, 0, "{args:?} should fail: {out}");
+    assert!(
+        out.to_lowercase().contains(expect),
+        "{args:?}: expected '{expect}' in: {out}"
+    );
+}
+
+#[test]
+fn missing_and_foreign_volumes_are_refused() {
+    let (t, _, mnt) = fresh();
+    assert_refused(&["mount", "/nonexistent/volume", p(&mnt)], "does not exist");
+    let foreign = t.path().join("foreign");
+    std::fs::create_dir(&foreign).unwrap();
+    std::fs::write(foreign.join("some-file"), b"x").unwrap();
+    assert_refused(&["mount", p(&foreign), p(&mnt)], "not a safs volume");
+    assert_refused(&["info", p(&foreign)], "neither");
+    assert_eq!(std::fs::read(foreign.join("some-file")).unwrap(), b"x");
+}
+
+#[test]
+fn corrupt_and_newer_superblocks_are_refused() {
+    use safs::format::keys;
+    use safs::format::superblock::Superblock;
+    use safs::meta::{LmdbStore, MetaRead, MetaStore};
+    let (_t, vol, mnt) = fresh();
+    let store = LmdbStore::open(&vol.join("meta")).unwrap();
+    let good = store.get(keys::SUPERBLOCK).unwrap().unwrap();
+    let mut sb = Superblock::decode(&good).unwrap();
+    sb.format_version += 1;
+    store
+        .commit(&[(keys::SUPERBLOCK.to_vec(), Some(sb.encode()))])
+        .unwrap();
+    assert_refused(&["mount", p(&vol), p(&mnt)], "newer than this safs");
+    let mut bad = good.clone();
+    bad[12] ^= 0x10;
+    store
+        .commit(&[(keys::SUPERBLOCK.to_vec(), Some(bad))])
+        .unwrap();
+    assert_refused(&["mount", p(&vol), p(&mnt)], "superblock is corrupt");
+    assert_eq!(
+        safs(&["fsck", p(&vol)]).0,
+        8,
+        "fsck cannot check a volume it cannot read"
+    );
+    store
+        .commit(&[(keys::SUPERBLOCK.to_vec(), Some(good))])
+        .unwrap();
+    drop(store);
+    assert_eq!(safs(&["fsck", p(&vol)]).0, 0);
+}
+
+#[test]
+fn mountpoints_missing_or_not_empty_are_refused() {
+    let (t, vol, mnt) = fresh();
+    assert_refused(
+        &["mount", p(&vol), p(&t.path().join("nowhere"))],
+        "does not exist",
+    );
+    std::fs::write(mnt.join("occupied"), b"").unwrap();
+    assert_refused(&["mount", p(&vol), p(&mnt)], "not empty");
+    let file = t.path().join("file");
+    std::fs::write(&file, b"").unwrap();
+    assert_refused(&["mount", p(&vol), p(&file)], "not a directory");
+}
+
+#[test]
+fn volume_files_are_private() {
+    let (_t, vol, _) = fresh();
+    let mode = |q: &Path| std::fs::metadata(q).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&vol), 0o700);
+    assert_eq!(mode(&vol.join("meta")), 0o700);
+    assert_eq!(mode(&vol.join("data")), 0o700);
+    assert_eq!(mode(&vol.join("data/7f")), 0o700);
+    assert_eq!(mode(&vol.join("meta/data.mdb")), 0o600);
+}
+
+#[test]
+fn mount_t_fuse_safs_works_through_the_helper() {
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "/dev/fuse is missing: this test mounts a real FUSE filesystem"
+    );
+    // mount(8) runs /sbin/mount.fuse.safs, which scripts/run.sh installs;
+    // point it at the binary under test.
+    let helper = Path::new("/sbin/mount.fuse.safs");
+    let _ = std::fs::remove_file(helper);
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_safs"), helper).unwrap();
+    let (_t, vol, mnt) = fresh();
+    let st = Command::new("mount")
+        .args(["-t", "fuse.safs", p(&vol), p(&mnt), "-o", "allow_other"])
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount -t fuse.safs failed");
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info
+        .lines()
+        .find(|l| l.contains(p(&mnt)))
+        .expect("mounted")
+        .to_string();
+    std::fs::write(mnt.join("f"), b"hello").unwrap();
+    assert!(Command::new("umount").arg(&mnt).status().unwrap().success());
+    assert!(
+        line.contains("fuse.safs") && line.contains("allow_other"),
+        "{line}"
+    );
+    let start = std::time::Instant::now();
+    while safs::core::volume::VolumeLock::is_held(&vol) {
+        assert!(start.elapsed().as_secs() < 10, "daemon did not exit");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(safs(&["fsck", p(&vol)]).0, 0);
+}
