@@ -156,6 +156,14 @@ impl SafsFuse {
     }
 }
 
+/// Answers an operation that returns nothing but success or an errno.
+fn done(reply: ReplyEmpty, r: core::Result<()>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e.into()),
+    }
+}
+
 fn set_time(t: Option<TimeOrNow>) -> Option<TimeSet> {
     t.map(|t| match t {
         TimeOrNow::Now => TimeSet::Now,
@@ -324,18 +332,12 @@ impl Filesystem for SafsFuse {
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _t = self.stats.start(Op::Unlink);
-        match self.fs.unlink(parent.0, name.as_bytes()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e.into()),
-        }
+        done(reply, self.fs.unlink(parent.0, name.as_bytes()))
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _t = self.stats.start(Op::Rmdir);
-        match self.fs.rmdir(parent.0, name.as_bytes()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e.into()),
-        }
+        done(reply, self.fs.rmdir(parent.0, name.as_bytes()))
     }
 
     fn symlink(
@@ -522,10 +524,7 @@ impl Filesystem for SafsFuse {
                 }
             }
         }
-        match self.fs.release(fh.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e.into()),
-        }
+        done(reply, self.fs.release(fh.0))
     }
 
     fn fsync(
@@ -696,10 +695,7 @@ impl Filesystem for SafsFuse {
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _t = self.stats.start(Op::Removexattr);
-        match self.fs.removexattr(ino.0, name.as_bytes()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e.into()),
-        }
+        done(reply, self.fs.removexattr(ino.0, name.as_bytes()))
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
@@ -719,10 +715,7 @@ impl Filesystem for SafsFuse {
         reply: ReplyEmpty,
     ) {
         let _t = self.stats.start(Op::Fallocate);
-        match self.fs.fallocate(fh.0, offset, length, mode) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e.into()),
-        }
+        done(reply, self.fs.fallocate(fh.0, offset, length, mode))
     }
 
     fn lseek(
