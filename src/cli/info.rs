@@ -44,6 +44,7 @@ fn print_stats(vol: &Path, json: bool) -> anyhow::Result<()> {
         "inode cache:    {} of {} inodes",
         stats.cached_inodes, stats.inode_cache_capacity
     );
+    println!("peak memory:    {} MiB", stats.peak_rss_kib / 1024);
     println!();
     println!(
         "{:<12} {:>12} {:>10} {:>9} {:>9}",
