@@ -97,16 +97,10 @@ fn unescape(s: &str) -> String {
 }
 
 pub fn run(a: InfoArgs) -> anyhow::Result<()> {
-    let (vol, mountpoint) = if Layout::new(&a.path).is_volume() {
-        (a.path.clone(), None)
-    } else if let Some(v) = volume_of_mount(&a.path) {
-        (v, Some(a.path.clone()))
-    } else {
-        anyhow::bail!(
-            "{} is neither a safs volume nor a safs mountpoint",
-            a.path.display()
-        );
-    };
+    let (vol, mountpoint) = resolve(&a.path)?;
+    if a.json {
+        return print_stats(&vol, true);
+    }
     let (store, sb) = volume::open_store(&vol)
         .with_context(|| format!("cannot open volume {}", vol.display()))?;
     let counters = store
