@@ -95,8 +95,11 @@ pub struct Options {
     pub commit_interval: Duration,
     /// Commit every operation before replying.
     pub sync: bool,
-    /// Inodes kept decoded in memory.
+    /// Inodes kept decoded in memory, at most...
     pub inode_cache: usize,
+    /// ...and at most this many bytes of them (attributes, inline and spill
+    /// xattr sets), so memory stays bounded whatever the xattr sizes.
+    pub cache_bytes: usize,
     pub read_only: bool,
 }
 
@@ -106,6 +109,7 @@ impl Default for Options {
             commit_interval: Duration::from_millis(5),
             sync: false,
             inode_cache: 262_144,
+            cache_bytes: 256 << 20,
             read_only: false,
         }
     }
@@ -130,7 +134,12 @@ struct OpenInode {
 
 struct State {
     /// Invariant: an entry is never older than the store's view of its key.
+    /// Bounded by entries (its capacity) and by `cache_budget` bytes; all
+    /// insertions and changes go through the `cache_*` methods, which keep
+    /// `cache_bytes` equal to the sum of [`cached_cost`] over the entries.
     cache: LruCache<u64, Cached>,
+    cache_bytes: usize,
+    cache_budget: usize,
     counters: Counters,
     /// The kernel's lookup count per inode (FUSE nlookup).
     lookups: HashMap<u64, u64>,
@@ -177,6 +186,7 @@ impl Fs {
         let reserve = (!opts.read_only).then(|| Arc::new(reserve::Reserve::new(&layout.root)));
         let store = Store::new(engine, opts.commit_interval, reserve.clone());
         let cap = NonZeroUsize::new(opts.inode_cache.max(16)).expect("non-zero");
+        let cache_budget = opts.cache_bytes;
         let fs = Fs {
             layout,
             budget: sb.inline_bytes as usize,
@@ -186,6 +196,8 @@ impl Fs {
             opts,
             state: Mutex::new(State {
                 cache: LruCache::new(cap),
+                cache_bytes: 0,
+                cache_budget,
                 counters,
                 lookups: HashMap::new(),
                 open: HashMap::new(),
@@ -352,7 +364,7 @@ impl Fs {
                 return Ok(None);
             };
             let inode = Inode::decode(&key, &rec).map_err(|e| CoreError::corrupt(&key, e))?;
-            st.cache.put(ino, Cached { inode, spill: None });
+            st.cache_put(ino, Cached { inode, spill: None });
         }
         Ok(st.cache.get_mut(&ino))
     }
@@ -370,11 +382,10 @@ impl Fs {
     fn put_inode(&self, st: &mut State, w: &mut Vec<Write>, ino: u64, inode: Inode) {
         let key = keys::inode(ino);
         w.push((key.to_vec(), Some(inode.encode(&key))));
-        match st.cache.get_mut(&ino) {
-            Some(c) => c.inode = inode,
-            None => {
-                st.cache.put(ino, Cached { inode, spill: None });
-            }
+        let mut slot = Some(inode);
+        if !st.cache_update(ino, |c| c.inode = slot.take().expect("once")) {
+            let inode = slot.take().expect("unused");
+            st.cache_put(ino, Cached { inode, spill: None });
         }
     }
 
@@ -456,7 +467,7 @@ impl Fs {
             st.counters.inodes = st.counters.inodes.saturating_sub(1);
             self.put_counters(st, w);
         }
-        st.cache.pop(&ino);
+        st.cache_pop(ino);
         st.lookups.remove(&ino);
         Ok(backing)
     }
@@ -522,6 +533,56 @@ impl Fs {
     }
 }
 
+/// What a cache entry is charged against the byte budget.
+fn cached_cost(c: &Cached) -> usize {
+    256 + c.inode.inline.packed_len() + c.spill.as_ref().map_or(0, XattrSet::packed_len)
+}
+
+impl State {
+    fn cache_put(&mut self, ino: u64, c: Cached) {
+        self.cache_bytes += cached_cost(&c);
+        // `push` hands back the entry it replaced or the one it evicted.
+        if let Some((_, old)) = self.cache.push(ino, c) {
+            self.cache_bytes -= cached_cost(&old);
+        }
+        self.cache_trim();
+    }
+
+    /// Changes a cached entry in place; false if it is not cached.
+    fn cache_update(&mut self, ino: u64, f: impl FnOnce(&mut Cached)) -> bool {
+        let Some(c) = self.cache.get_mut(&ino) else {
+            return false;
+        };
+        let before = cached_cost(c);
+        f(c);
+        let after = cached_cost(c);
+        self.cache_bytes = self.cache_bytes + after - before;
+        self.cache_trim();
+        true
+    }
+
+    fn cache_pop(&mut self, ino: u64) {
+        if let Some(old) = self.cache.pop(&ino) {
+            self.cache_bytes -= cached_cost(&old);
+        }
+    }
+
+    /// Evicts least recently used entries beyond the byte budget, keeping
+    /// the most recent one whatever its size.
+    fn cache_trim(&mut self) {
+        while self.cache_bytes > self.cache_budget && self.cache.len() > 1 {
+            match self.cache.pop_lru() {
+                Some((_, old)) => self.cache_bytes -= cached_cost(&old),
+                None => break,
+            }
+        }
+    }
+
+    fn set_spill(&mut self, ino: u64, set: XattrSet) {
+        self.cache_update(ino, |c| c.spill = Some(set));
+    }
+}
+
 /// Size, blocks and (if newer) mtime/ctime from a backing file's metadata.
 fn apply_backing(inode: &mut Inode, meta: &std::fs::Metadata) {
     use std::os::unix::fs::MetadataExt;
@@ -563,6 +624,8 @@ impl Fs {
 
     /// Empties the inode cache (the store overlay stays: it is not a cache).
     pub fn drop_caches(&self) {
-        self.state.lock().cache.clear();
+        let mut st = self.state.lock();
+        st.cache.clear();
+        st.cache_bytes = 0;
     }
 }

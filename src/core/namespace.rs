@@ -418,9 +418,7 @@ impl Fs {
         self.put_counters(&st, &mut work.writes);
         self.w_finish(&mut st, work)?;
         if !spill.is_empty() {
-            if let Some(c) = st.cache.get_mut(&ino) {
-                c.spill = Some(spill);
-            }
+            st.set_spill(ino, spill);
         }
         let attr = self.attr_locked(&mut st, ino)?;
         *st.lookups.entry(ino).or_insert(0) += 1;

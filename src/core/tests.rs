@@ -428,3 +428,53 @@ fn corrupt_inode_is_eio_not_data() {
     assert_eq!(err.errno(), libc::EIO);
     assert!(matches!(fs.lookup(1, b"f"), Err(CoreError::Corrupt { .. })));
 }
+
+#[test]
+fn inode_cache_stays_within_its_byte_budget() {
+    let t = setup(64);
+    let opts = Options {
+        commit_interval: Duration::from_millis(1),
+        cache_bytes: 64 << 10,
+        ..Options::default()
+    };
+    let sb = t.fs.superblock().clone();
+    t.fs.close().unwrap();
+    let fs = Fs::mount(
+        t._dir.path(),
+        t.engine.clone() as Arc<dyn MetaStore>,
+        sb,
+        opts,
+    )
+    .unwrap();
+    let mut inos = Vec::new();
+    for i in 0..200 {
+        let name = format!("f{i}");
+        let ino = fs
+            .make_node(
+                &Ctx::root(),
+                1,
+                name.as_bytes(),
+                libc::S_IFREG | 0o644,
+                0,
+                0,
+                None,
+            )
+            .unwrap()
+            .ino;
+        fs.setxattr(&Ctx::root(), ino, b"user.v", &[i as u8; 3000], 0)
+            .unwrap();
+        inos.push(ino);
+        let st = fs.state.lock();
+        assert!(
+            st.cache_bytes <= 64 << 10,
+            "cache holds {} bytes",
+            st.cache_bytes
+        );
+        let sum: usize = st.cache.iter().map(|(_, c)| cached_cost(c)).sum();
+        assert_eq!(sum, st.cache_bytes, "byte accounting drifted");
+    }
+    // Evicted entries come back from the store intact.
+    for (i, ino) in inos.iter().enumerate() {
+        assert_eq!(fs.getxattr(*ino, b"user.v").unwrap(), vec![i as u8; 3000]);
+    }
+}

@@ -60,7 +60,7 @@ impl Fs {
             let payload = open(&key, Kind::Spill, &rec).map_err(|e| CoreError::corrupt(&key, e))?;
             XattrSet::decode(payload).map_err(|e| CoreError::corrupt(&key, e))?
         };
-        self.load(st, ino)?.spill = Some(set.clone());
+        st.set_spill(ino, set.clone());
         Ok(set)
     }
 
@@ -177,7 +177,8 @@ impl Fs {
             inode.overflow = inode.overflow.saturating_sub(1);
             w.push((keys::overflow(ino, name), None));
         }
-        self.load(st, ino)?.spill = Some(spill);
+        self.load(st, ino)?;
+        st.set_spill(ino, spill);
         Ok(before)
     }
 
