@@ -31,7 +31,8 @@ pub struct MountArgs {
     #[arg(short, long)]
     pub foreground: bool,
     /// Mount options, comma-separated: allow_other, ro, sync, passthrough,
-    /// nopassthrough, nonempty, dev, suid, commit_ms=N, threads=N.
+    /// nopassthrough, nonempty, dev, suid, commit_ms=N, threads=N,
+    /// cache_mb=N (inode cache budget, default 256).
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
     #[arg(long, hide = true)]
@@ -49,6 +50,7 @@ struct MountOpts {
     suid: bool,
     commit_ms: u64,
     threads: usize,
+    cache_mb: u64,
 }
 
 fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
@@ -62,6 +64,7 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
         suid: false,
         commit_ms: 5,
         threads: 4,
+        cache_mb: 256,
     };
     for opt in raw
         .iter()
@@ -94,6 +97,12 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
                 o.commit_ms = num(val)?;
                 if !(1..=10_000).contains(&o.commit_ms) {
                     bail!("commit_ms must be 1..=10000");
+                }
+            }
+            "cache_mb" => {
+                o.cache_mb = num(val)?;
+                if !(1..=1 << 20).contains(&o.cache_mb) {
+                    bail!("cache_mb must be 1..=1048576");
                 }
             }
             "threads" => {
@@ -253,6 +262,7 @@ fn serve(
             commit_interval: std::time::Duration::from_millis(o.commit_ms),
             sync: o.sync,
             read_only: o.read_only,
+            cache_bytes: (o.cache_mb as usize) << 20,
             ..Options::default()
         },
     )
