@@ -120,8 +120,21 @@ fn mount_t_fuse_safs_works_through_the_helper() {
     // mount(8) runs /sbin/mount.fuse.safs, which scripts/run.sh installs;
     // point it at the binary under test.
     let helper = Path::new("/sbin/mount.fuse.safs");
+    let previous = std::fs::read_link(helper).ok();
     let _ = std::fs::remove_file(helper);
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_safs"), helper).unwrap();
+    // Put back whatever an installation had there.
+    struct Restore(Option<std::path::PathBuf>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let helper = Path::new("/sbin/mount.fuse.safs");
+            let _ = std::fs::remove_file(helper);
+            if let Some(p) = &self.0 {
+                let _ = std::os::unix::fs::symlink(p, helper);
+            }
+        }
+    }
+    let _restore = Restore(previous);
     let (_t, vol, mnt) = fresh();
     let st = Command::new("mount")
         .args(["-t", "fuse.safs", p(&vol), p(&mnt), "-o", "allow_other"])
