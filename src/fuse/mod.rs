@@ -181,6 +181,8 @@ impl Filesystem for SafsFuse {
             // Always plus (not READDIRPLUS_AUTO, which made the kernel send a
             // plain READDIR and then a READDIRPLUS for the same directory).
             InitFlags::FUSE_DO_READDIRPLUS,
+            // See `opendir`.
+            InitFlags::FUSE_NO_OPENDIR_SUPPORT,
             // The kernel enforces and caches ACLs (we inherit defaults and
             // keep them in step with chmod; see core::acl).
             InitFlags::FUSE_POSIX_ACL,
@@ -544,20 +546,15 @@ impl Filesystem for SafsFuse {
         });
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let _t = self.stats.start(Op::Opendir);
-        match self.fs.kind(ino.0) {
-            Ok(k) if k == libc::S_IFDIR => {
-                // The kernel keeps the listing in its page cache and drops
-                // it when the directory's mtime changes.
-                reply.opened(
-                    FileHandle(0),
-                    FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
-                )
-            }
-            Ok(_) => reply.error(Errno::from_i32(libc::ENOTDIR)),
-            Err(e) => reply.error(e.into()),
-        }
+        // With FUSE_NO_OPENDIR_SUPPORT negotiated, ENOSYS here tells the
+        // kernel to stop sending OPENDIR and RELEASEDIR for good; it then
+        // opens directories itself with FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE,
+        // so listings stay in its page cache (dropped when a directory's
+        // mtime changes) and a directory walk costs two requests less per
+        // directory. safs keeps no per-open directory state.
+        reply.error(Errno::from_i32(libc::ENOSYS));
     }
 
     fn readdir(
