@@ -11,8 +11,6 @@
 use std::path::Path;
 use std::time::Instant;
 
-use rustix::fs::AtFlags;
-
 use super::ops::{self, cpath, na};
 use super::record::{Measurement, Unit};
 use super::target::Target;
@@ -71,15 +69,7 @@ pub fn run(
                     t,
                     &mut remove,
                     PhaseSpec::new(&l, n as u64, 1, false),
-                    |ctx| {
-                        let start = Instant::now();
-                        for (i, p) in paths.iter().enumerate() {
-                            ctx.tick(i)?;
-                            rustix::fs::unlinkat(rustix::fs::CWD, p.as_c_str(), AtFlags::empty())
-                                .map_err(|e| na(e, "unlink", i, n))?;
-                        }
-                        Ok(Timed::of(start.elapsed()))
-                    },
+                    |ctx| ops::unlink_all(ctx, &paths),
                 )?;
             } else {
                 skipped(&mut ls, &create);

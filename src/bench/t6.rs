@@ -6,8 +6,6 @@
 use std::path::Path;
 use std::time::Instant;
 
-use rustix::fs::AtFlags;
-
 use super::ops::{self, na};
 use super::record::{Measurement, Unit};
 use super::target::Target;
@@ -88,15 +86,7 @@ pub fn run(
                 t,
                 &mut delete,
                 PhaseSpec::new(&l, n as u64, 1, false),
-                |ctx| {
-                    let start = Instant::now();
-                    for (i, p) in paths.iter().enumerate() {
-                        ctx.tick(i)?;
-                        rustix::fs::unlinkat(rustix::fs::CWD, p.as_c_str(), AtFlags::empty())
-                            .map_err(|e| na(e, "unlink", i, n))?;
-                    }
-                    Ok(Timed::of(start.elapsed()))
-                },
+                |ctx| ops::unlink_all(ctx, &paths),
             )?;
         } else {
             for m in [&mut hot, &mut cold, &mut delete] {
