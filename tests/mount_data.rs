@@ -407,3 +407,48 @@ fn parallel_writers_on_separate_files(opts: &[&str]) {
     }
 }
 both_modes!(parallel_writers_on_separate_files);
+
+/// A running executable cannot be truncated: every write-opening flag set,
+/// O_RDONLY | O_TRUNC included, gets ETXTBSY and leaves the file whole and
+/// the process running. (With FUSE_ATOMIC_O_TRUNC the daemon truncated in
+/// OPEN, before the kernel's ETXTBSY check, and the process died of SIGBUS.)
+fn running_executable_is_never_truncated(opts: &[&str]) {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let v = TestVolume::with_options(opts);
+    let exe = v.path("sleep");
+    let original = fs::read("/bin/sleep").unwrap();
+    fs::copy("/bin/sleep", &exe).unwrap();
+    fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).unwrap();
+    for round in 0..20 {
+        let mut child = std::process::Command::new(&exe).arg("30").spawn().unwrap();
+        for flags in [
+            libc::O_WRONLY,
+            libc::O_RDWR,
+            libc::O_RDONLY | libc::O_TRUNC,
+            libc::O_WRONLY | libc::O_TRUNC,
+        ] {
+            let err = OpenOptions::new()
+                .read(flags & libc::O_ACCMODE != libc::O_WRONLY)
+                .write(flags & libc::O_ACCMODE != libc::O_RDONLY)
+                .custom_flags(flags & libc::O_TRUNC)
+                .open(&exe)
+                .map(|_| ())
+                .expect_err("opening a running executable for writing");
+            assert_eq!(
+                err.raw_os_error(),
+                Some(libc::ETXTBSY),
+                "round {round}, flags {flags:#o}: {err}"
+            );
+        }
+        assert_eq!(lmeta(&exe).len(), original.len() as u64, "round {round}");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "round {round}: the executable died: {:?}",
+            child.try_wait()
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    assert_bytes_eq(&read_file(&exe), &original, "sleep");
+}
+both_modes!(running_executable_is_never_truncated);

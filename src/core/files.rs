@@ -47,8 +47,8 @@ impl Fs {
 
     /// Opens regular file `ino` for `ctx`. An `O_TRUNC` by a caller without
     /// CAP_FSETID clears set-user-ID, and set-group-ID on a group-executable
-    /// file, as a truncate does (with ATOMIC_O_TRUNC the kernel leaves this
-    /// to us).
+    /// file, as a truncate does. (The FUSE adapter does not negotiate
+    /// ATOMIC_O_TRUNC, so there the kernel truncates with a SETATTR instead.)
     pub fn open_as(&self, ctx: &Ctx, ino: u64, mode: OpenMode) -> Result<Arc<Handle>> {
         if mode.write || mode.truncate {
             self.writable()?;

@@ -189,8 +189,11 @@ impl Filesystem for SafsFuse {
             // The umask arrives apart from the mode: a parent's default ACL,
             // not the umask, decides a new inode's permissions.
             InitFlags::FUSE_DONT_MASK,
-            // O_TRUNC arrives with OPEN: no separate SETATTR round trip.
-            InitFlags::FUSE_ATOMIC_O_TRUNC,
+            // Not FUSE_ATOMIC_O_TRUNC: with it, open(O_RDONLY | O_TRUNC)
+            // truncates in OPEN, before the kernel's ETXTBSY check, so a
+            // running executable could be cut to 0 bytes (and killed) while
+            // the caller gets ETXTBSY. Without it the kernel checks first and
+            // then sends a SETATTR: one round trip more per O_TRUNC open.
             // Symlink targets are cached in the page cache.
             InitFlags::FUSE_CACHE_SYMLINKS,
             // Lookups and readdirs in one directory may run concurrently.
