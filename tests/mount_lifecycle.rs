@@ -138,6 +138,28 @@ fn unmount_releases_the_lock_and_keeps_everything() {
     verify_populated(&v);
 }
 
+/// `umount` returns before the daemon has committed its last batch and
+/// released the volume: a `safs mount` or `safs fsck` issued at once waits for
+/// it instead of failing with "already mounted".
+#[test]
+fn mount_and_fsck_right_after_umount_wait_for_the_old_daemon() {
+    let mut v = TestVolume::new();
+    for round in 0..6 {
+        write_file(&v.path(format!("f{round}")), b"kept");
+        let out = run_cmd(Command::new("umount").arg(v.mnt()));
+        out.assert_success("umount");
+        v.forget_mounted();
+        if round % 2 == 1 {
+            safs(["fsck".as_ref(), v.vol().as_os_str()]).assert_success("fsck right after umount");
+        }
+        // No waiting for the lock: that is the point.
+        v.mount();
+    }
+    for round in 0..6 {
+        assert_eq!(read_file(&v.path(format!("f{round}"))), b"kept");
+    }
+}
+
 #[test]
 fn sigterm_unmounts_cleanly_and_keeps_data() {
     signal_unmounts_cleanly(Signal::SIGTERM);

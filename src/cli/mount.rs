@@ -161,14 +161,17 @@ pub fn run(a: MountArgs) -> anyhow::Result<()> {
             volume.display()
         );
     }
-    if VolumeLock::is_held(&volume) {
-        let pid = std::fs::read_to_string(Layout::new(&volume).lock()).unwrap_or_default();
-        bail!(
-            "volume {} is already mounted (daemon pid {})",
-            volume.display(),
-            pid.trim()
-        );
-    }
+    // Fail fast, in the caller, when another daemon serves the volume (and
+    // wait here if that daemon was just unmounted and is finishing).
+    drop(
+        VolumeLock::acquire(&Layout::new(&volume)).map_err(|e| match e {
+            volume::VolumeError::Busy(pid) => anyhow::anyhow!(
+                "volume {} is already mounted (daemon pid {pid})",
+                volume.display()
+            ),
+            e => e.into(),
+        })?,
+    );
     check_mountpoint(&a.mountpoint, opts.nonempty)?;
     let mountpoint = std::fs::canonicalize(&a.mountpoint)?;
     if a.foreground || a.daemon_child {
@@ -252,7 +255,7 @@ fn serve(
     } else {
         init_logging(None);
     }
-    let lock = VolumeLock::acquire(&layout)?;
+    let mut lock = VolumeLock::acquire(&layout)?;
     let (engine, sb) = volume::open_store(volume)?;
     let fs = Fs::mount(
         volume,
@@ -328,6 +331,7 @@ fn serve(
             }
         })?;
 
+    lock.set_mounted();
     tracing::info!(volume = %volume.display(), mountpoint = %mountpoint.display(), "mounted");
     if daemon_child {
         println!("{READY}");

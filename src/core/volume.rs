@@ -10,7 +10,7 @@
 //! only through the mount, where permissions are enforced.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Seek, Write as _};
+use std::io::{Seek, Write as _};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -250,11 +250,21 @@ pub fn open_store(dir: &Path) -> Result<(Arc<LmdbStore>, Superblock), VolumeErro
     Ok((store, sb))
 }
 
-/// The exclusive lock held by the one daemon serving a volume. Released by
-/// the kernel when the process exits, however it exits.
+/// The exclusive lock held by the one daemon serving a volume (or by fsck).
+/// Released by the kernel when the process exits, however it exits.
+///
+/// The lock file holds the holder's pid and, once its mount is live, a line
+/// `mounted`. A holder that says `mounted` while the volume no longer appears
+/// in the mount table has been unmounted and is committing its last batch:
+/// `acquire` waits for it rather than fail, so that `umount` followed at once
+/// by `safs mount` or `safs fsck` works.
 pub struct VolumeLock {
-    file: File,
+    /// Unlocked when dropped (and by the kernel when the process exits).
+    file: nix::fcntl::Flock<File>,
 }
+
+/// How long `acquire` waits for an unmounted daemon to finish and exit.
+pub const STOPPING_DAEMON_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl VolumeLock {
     pub fn acquire(layout: &Layout) -> Result<Self, VolumeError> {
@@ -267,31 +277,44 @@ impl VolumeLock {
             .mode(0o600)
             .open(&path)
             .map_err(io_err(&path))?;
-        match nix::fcntl::Flock::lock(
-            file.try_clone().map_err(io_err(&path))?,
-            nix::fcntl::FlockArg::LockExclusiveNonblock,
-        ) {
-            Ok(locked) => {
-                // Keep the lock alive for as long as `file` lives: the
-                // duplicated descriptor shares the open file description.
-                std::mem::forget(locked);
+        let deadline = std::time::Instant::now() + STOPPING_DAEMON_WAIT;
+        let mut told = false;
+        let mut file = loop {
+            match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+                Ok(locked) => break locked,
+                Err((f, nix::errno::Errno::EWOULDBLOCK)) => {
+                    let holder = Holder::read(layout);
+                    if !holder.is_stopping(&layout.root) || std::time::Instant::now() >= deadline {
+                        return Err(VolumeError::Busy(holder.pid));
+                    }
+                    if !told {
+                        eprintln!(
+                            "safs: waiting for the unmounted daemon (pid {}) to finish its last commit",
+                            holder.pid
+                        );
+                        told = true;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    file = f;
+                }
+                Err((_, e)) => {
+                    return Err(VolumeError::Io {
+                        path,
+                        source: std::io::Error::from(e),
+                    });
+                }
             }
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
-                let mut pid = String::new();
-                let _ = file.read_to_string(&mut pid);
-                return Err(VolumeError::Busy(pid.trim().to_string()));
-            }
-            Err((_, e)) => {
-                return Err(VolumeError::Io {
-                    path,
-                    source: std::io::Error::from(e),
-                });
-            }
-        }
+        };
         file.set_len(0).map_err(io_err(&path))?;
         file.rewind().map_err(io_err(&path))?;
         let _ = writeln!(file, "{}", std::process::id());
         Ok(VolumeLock { file })
+    }
+
+    /// Records that the mount is live (see the type's comment).
+    pub fn set_mounted(&mut self) {
+        let _ = self.file.seek(std::io::SeekFrom::End(0));
+        let _ = writeln!(self.file, "mounted");
     }
 
     /// Whether some process holds the lock of the volume at `dir`.
@@ -301,6 +324,72 @@ impl VolumeLock {
         };
         nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockSharedNonblock).is_err()
     }
+}
+
+/// What the lock file says about its holder.
+struct Holder {
+    pid: String,
+    mounted: bool,
+}
+
+impl Holder {
+    fn read(layout: &Layout) -> Holder {
+        let text = fs::read_to_string(layout.lock()).unwrap_or_default();
+        let mut lines = text.lines();
+        Holder {
+            pid: lines.next().unwrap_or("").trim().to_string(),
+            mounted: lines.any(|l| l.trim() == "mounted"),
+        }
+    }
+
+    /// A daemon that had mounted the volume, and whose mount is gone.
+    fn is_stopping(&self, dir: &Path) -> bool {
+        self.mounted && !is_mounted(dir)
+    }
+}
+
+/// Whether the volume at `dir` appears as the source of a FUSE mount in this
+/// mount namespace (the daemon names the mount after the volume's path).
+pub fn is_mounted(dir: &Path) -> bool {
+    let Ok(dir) = fs::canonicalize(dir) else {
+        return false;
+    };
+    let Ok(table) = fs::read_to_string("/proc/self/mountinfo") else {
+        // Without a mount table we cannot tell: assume it is still mounted.
+        return true;
+    };
+    let want = dir.as_os_str().as_encoded_bytes();
+    table.lines().any(|line| {
+        // "... - <fstype> <source> <super options>"
+        let Some((_, tail)) = line.split_once(" - ") else {
+            return false;
+        };
+        let mut f = tail.split(' ');
+        let (Some(fstype), Some(source)) = (f.next(), f.next()) else {
+            return false;
+        };
+        fstype.starts_with("fuse") && unescape_mountinfo(source) == want
+    })
+}
+
+/// Undoes the octal escapes (`\040` for a space...) of /proc/self/mountinfo.
+fn unescape_mountinfo(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
 }
 
 impl Drop for VolumeLock {
