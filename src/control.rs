@@ -33,6 +33,12 @@ pub struct StatsReply {
     /// The daemon's peak resident memory (VmHWM), KiB.
     #[serde(default)]
     pub peak_rss_kib: u64,
+    /// Metadata engine reads and commits since the mount.
+    #[serde(default)]
+    pub engine: crate::meta::EngineCounters,
+    /// The volume's inline xattr budget, bytes.
+    #[serde(default)]
+    pub inline_bytes: u64,
 }
 
 /// VmHWM of this process, KiB (0 if unreadable).
@@ -89,6 +95,8 @@ fn handle(conn: UnixStream, fs: &Fs, stats: &Stats) -> std::io::Result<()> {
                     cached_inodes: cached,
                     inode_cache_capacity: cap,
                     peak_rss_kib: peak_rss_kib(),
+                    engine: fs.engine_counters(),
+                    inline_bytes: fs.inline_budget() as u64,
                 }),
             }
         }

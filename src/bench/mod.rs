@@ -226,6 +226,7 @@ impl Ctx<'_> {
                     sd: timed.sd_us,
                     requests: delta.as_ref().map(|(b, a)| request_delta(&b.0, &a.0)),
                     daemon_ns: delta.as_ref().map(|(b, a)| request_delta(&b.1, &a.1)),
+                    engine: delta.as_ref().map(|(b, a)| request_delta(&b.2, &a.2)),
                 })
             };
             match run() {

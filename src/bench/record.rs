@@ -59,6 +59,11 @@ pub struct Rep {
     /// Nanoseconds the daemon spent serving those requests, by opcode.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub daemon_ns: Option<Requests>,
+    /// Metadata engine operations during the loop: `get` (point reads),
+    /// `scan`, `commit`. Reads are what a cold phase pays beyond the round
+    /// trips; a hot phase should show none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine: Option<Requests>,
 }
 
 /// One phase of one test on one target: a table cell.
@@ -90,6 +95,9 @@ pub struct Measurement {
     /// repetition.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub best_daemon_us_per_request: Option<BTreeMap<String, f64>>,
+    /// Engine operations per operation in the kept repetition.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub best_engine_per_op: Option<BTreeMap<String, f64>>,
 }
 
 impl Measurement {
@@ -107,6 +115,7 @@ impl Measurement {
             best: None,
             best_requests_per_op: None,
             best_daemon_us_per_request: None,
+            best_engine_per_op: None,
         }
     }
 
@@ -115,6 +124,24 @@ impl Measurement {
         self.best = self.best();
         self.best_requests_per_op = self.requests_per_op();
         self.best_daemon_us_per_request = self.daemon_us_per_request();
+        self.best_engine_per_op = self.engine_per_op();
+    }
+
+    /// Engine reads (point reads and scans) per operation, kept repetition.
+    pub fn engine_reads_per_op(&self) -> Option<f64> {
+        let e = self.engine_per_op()?;
+        Some(e.get("get").copied().unwrap_or(0.0) + e.get("scan").copied().unwrap_or(0.0))
+    }
+
+    /// Engine operations per operation in the kept repetition.
+    pub fn engine_per_op(&self) -> Option<BTreeMap<String, f64>> {
+        let e = self.best_rep()?.engine.as_ref()?;
+        let ops = self.ops.max(1) as f64;
+        Some(
+            e.iter()
+                .map(|(k, n)| (k.clone(), *n as f64 / ops))
+                .collect(),
+        )
     }
 
     /// The daemon's µs per operation (all opcodes), in the kept repetition.
@@ -209,6 +236,9 @@ pub struct TargetInfo {
     /// safs targets: the volume directory whose daemon was asked for stats.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub safs_volume: Option<String>,
+    /// safs targets: the volume's inline xattr budget, bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inline_bytes: Option<u64>,
     /// How cold phases were made cold on this target.
     pub cold: String,
     /// Cold phases prepared on this target, and the seconds that took.
@@ -268,6 +298,7 @@ mod tests {
             sd: None,
             requests: None,
             daemon_ns: None,
+            engine: None,
         }
     }
 

@@ -220,6 +220,7 @@ pub fn run(
                 sd: None,
                 requests: None,
                 daemon_ns: None,
+                engine: None,
             });
         }
         _ => ratio.error = Some("a dbench run failed".into()),

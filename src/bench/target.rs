@@ -175,6 +175,12 @@ impl Target {
             fstype: self.mount.fstype.clone(),
             mount_source: self.mount.source.clone(),
             safs_volume: self.safs.as_ref().map(|s| s.volume.display().to_string()),
+            inline_bytes: self
+                .safs
+                .as_ref()
+                .and_then(|s| crate::control::request(&s.volume, "stats").ok().flatten())
+                .map(|r| r.inline_bytes)
+                .filter(|b| *b > 0),
             cold: self.cold.borrow().clone(),
             cold_count: self.cold_spent.get().0,
             cold_secs: self.cold_spent.get().1,
@@ -182,15 +188,21 @@ impl Target {
     }
 
     /// The daemon's request counters, for safs targets: requests served
-    /// and nanoseconds spent serving them, by opcode.
-    pub fn requests(&self) -> anyhow::Result<Option<(Requests, Requests)>> {
+    /// and nanoseconds spent serving them, by opcode; and the engine's
+    /// operations (`get`, `scan`, `commit`).
+    pub fn requests(&self) -> anyhow::Result<Option<(Requests, Requests, Requests)>> {
         let Some(s) = &self.safs else { return Ok(None) };
         let reply = crate::control::request(&s.volume, "stats")
             .with_context(|| format!("target {}: cannot read request counts", self.label))?
             .unwrap_or_default();
         let counts = reply.ops.iter().map(|o| (o.op.clone(), o.count)).collect();
         let nanos = reply.ops.into_iter().map(|o| (o.op, o.total_ns)).collect();
-        Ok(Some((counts, nanos)))
+        let e = reply.engine;
+        let engine = [("get", e.gets), ("scan", e.scans), ("commit", e.commits)]
+            .into_iter()
+            .map(|(k, n)| (k.to_string(), n))
+            .collect();
+        Ok(Some((counts, nanos, engine)))
     }
 
     /// Makes the target cold (see the module comment). Returns a warning

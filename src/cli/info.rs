@@ -45,6 +45,10 @@ fn print_stats(vol: &Path, json: bool) -> anyhow::Result<()> {
         stats.cached_inodes, stats.inode_cache_capacity
     );
     println!("peak memory:    {} MiB", stats.peak_rss_kib / 1024);
+    println!(
+        "engine:         {} point reads, {} scans, {} commits",
+        stats.engine.gets, stats.engine.scans, stats.engine.commits
+    );
     println!();
     println!(
         "{:<12} {:>12} {:>10} {:>9} {:>9}",

@@ -622,6 +622,16 @@ impl Fs {
         (st.cache.len(), st.cache.cap().get())
     }
 
+    /// The volume's inline xattr budget, bytes.
+    pub fn inline_budget(&self) -> usize {
+        self.budget
+    }
+
+    /// What the metadata engine has served since the mount.
+    pub fn engine_counters(&self) -> crate::meta::EngineCounters {
+        self.store.engine_counters()
+    }
+
     /// Empties the inode cache (the store overlay stays: it is not a cache).
     pub fn drop_caches(&self) {
         let mut st = self.state.lock();

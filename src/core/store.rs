@@ -111,6 +111,10 @@ impl Store {
         store
     }
 
+    pub fn engine_counters(&self) -> crate::meta::EngineCounters {
+        self.engine.counters()
+    }
+
     /// Point read through the overlay.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         {

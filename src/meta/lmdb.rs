@@ -21,11 +21,12 @@
 //!   checksum then fails: EIO, never a crash or wrong data.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use heed::types::Bytes;
 use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, MdbError};
 
-use super::{MetaError, MetaRead, MetaStore, Write};
+use super::{EngineCounters, MetaError, MetaRead, MetaStore, Write};
 
 /// Address space reserved for the map: 1 TiB on 64-bit hosts (virtual only).
 const MAP_SIZE: usize = 1 << 40;
@@ -41,6 +42,9 @@ fn corrupt_value(len: usize) -> MetaError {
 pub struct LmdbStore {
     env: Env,
     db: Database<'static, Bytes, Bytes>,
+    gets: AtomicU64,
+    scans: AtomicU64,
+    commits: AtomicU64,
 }
 
 fn engine_err(e: heed::Error) -> MetaError {
@@ -85,12 +89,19 @@ impl LmdbStore {
                 tracing::warn!(error = %e, "cannot extend the metadata file to the map size; corrupt page pointers may crash the engine");
             }
         }
-        Ok(Self { env, db })
+        Ok(Self {
+            env,
+            db,
+            gets: AtomicU64::new(0),
+            scans: AtomicU64::new(0),
+            commits: AtomicU64::new(0),
+        })
     }
 }
 
 impl MetaRead for LmdbStore {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, MetaError> {
+        self.gets.fetch_add(1, Relaxed);
         let rtxn = self.env.read_txn().map_err(engine_err)?;
         match self.db.get(&rtxn, key).map_err(engine_err)? {
             Some(v) if v.len() > MAX_VALUE => Err(corrupt_value(v.len())),
@@ -105,6 +116,7 @@ impl MetaRead for LmdbStore {
         end: &[u8],
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, MetaError> {
+        self.scans.fetch_add(1, Relaxed);
         let rtxn = self.env.read_txn().map_err(engine_err)?;
         let mut out = Vec::new();
         let range = (
@@ -126,7 +138,16 @@ impl MetaRead for LmdbStore {
 }
 
 impl MetaStore for LmdbStore {
+    fn counters(&self) -> EngineCounters {
+        EngineCounters {
+            gets: self.gets.load(Relaxed),
+            scans: self.scans.load(Relaxed),
+            commits: self.commits.load(Relaxed),
+        }
+    }
+
     fn commit(&self, batch: &[Write]) -> Result<(), MetaError> {
+        self.commits.fetch_add(1, Relaxed);
         let mut wtxn = self.env.write_txn().map_err(engine_err)?;
         for (k, v) in batch {
             match v {

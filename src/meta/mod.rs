@@ -39,8 +39,22 @@ pub trait MetaRead {
     fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Pairs, MetaError>;
 }
 
+/// What an engine has been asked to do since it was opened: the figure that
+/// shows whether a request was served from memory or read the engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EngineCounters {
+    pub gets: u64,
+    pub scans: u64,
+    pub commits: u64,
+}
+
 /// A metadata engine.
 pub trait MetaStore: MetaRead + Send + Sync + 'static {
+    /// Operations served so far (engines that do not count report zeros).
+    fn counters(&self) -> EngineCounters {
+        EngineCounters::default()
+    }
+
     /// Applies `batch` atomically and durably: when this returns `Ok`, every
     /// write survives a crash; when it returns `Err`, none was applied.
     fn commit(&self, batch: &[Write]) -> Result<(), MetaError>;
