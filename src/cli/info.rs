@@ -127,10 +127,9 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     }
     use safs::meta::MetaStore;
     println!("metadata size:  {} bytes", store.disk_bytes());
-    let lock = Layout::new(&vol).lock();
-    let pid = std::fs::read_to_string(lock).unwrap_or_default();
     if VolumeLock::is_held(&vol) {
-        println!("mounted:        yes (daemon pid {})", pid.trim());
+        let pid = VolumeLock::holder_pid(&vol);
+        println!("mounted:        yes (daemon pid {pid})");
     } else {
         println!("mounted:        no");
     }

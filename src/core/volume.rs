@@ -317,6 +317,12 @@ impl VolumeLock {
         let _ = writeln!(self.file, "mounted");
     }
 
+    /// The pid the holder of the lock of the volume at `dir` wrote (it may
+    /// be stale or empty when nobody holds the lock).
+    pub fn holder_pid(dir: &Path) -> String {
+        Holder::read(&Layout::new(dir)).pid
+    }
+
     /// Whether some process holds the lock of the volume at `dir`.
     pub fn is_held(dir: &Path) -> bool {
         let Ok(file) = File::open(Layout::new(dir).lock()) else {

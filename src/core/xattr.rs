@@ -42,11 +42,30 @@ enum Found {
 
 impl Fs {
     /// The spill set of `ino`, read once and then kept with the cached inode.
-    fn spill_set(&self, st: &mut State, ino: u64) -> Result<XattrSet> {
-        let c = self.load(st, ino)?;
-        if let Some(s) = &c.spill {
-            return Ok(s.clone());
+    fn spill_set<'s>(&self, st: &'s mut State, ino: u64) -> Result<&'s XattrSet> {
+        if self.load(st, ino)?.spill.is_none() {
+            let set = self.read_spill(st, ino)?;
+            st.set_spill(ino, set);
         }
+        Ok(self.load(st, ino)?.spill.get_or_insert_with(XattrSet::new))
+    }
+
+    /// The spill set of `ino`, moved out of the cache for a change (a set
+    /// can hold thousands of entries: no copy per operation). The caller
+    /// puts it back with `set_spill`; if it fails first, the next use reads
+    /// the committed record again.
+    fn take_spill(&self, st: &mut State, ino: u64) -> Result<XattrSet> {
+        let mut taken = None;
+        st.cache_update(ino, |c| taken = c.spill.take());
+        match taken {
+            Some(s) => Ok(s),
+            None => self.read_spill(st, ino),
+        }
+    }
+
+    /// Reads and decodes the spill record of `ino` (empty if it has none).
+    fn read_spill(&self, st: &mut State, ino: u64) -> Result<XattrSet> {
+        let c = self.load(st, ino)?;
         let set = if c.inode.spill_len == 0 {
             XattrSet::new()
         } else {
@@ -60,7 +79,6 @@ impl Fs {
             let payload = open(&key, Kind::Spill, &rec).map_err(|e| CoreError::corrupt(&key, e))?;
             XattrSet::decode(payload).map_err(|e| CoreError::corrupt(&key, e))?
         };
-        st.set_spill(ino, set.clone());
         Ok(set)
     }
 
@@ -70,15 +88,8 @@ impl Fs {
             return Ok(Found::Value(v.to_vec()));
         }
         let (spilled, overflow) = (c.inode.spill_len > 0, c.inode.overflow > 0);
-        if spilled {
-            // Borrow the cached set when present to avoid a clone.
-            if let Some(s) = &self.load(st, ino)?.spill {
-                if let Some(v) = s.get(name) {
-                    return Ok(Found::Value(v.to_vec()));
-                }
-            } else if let Some(v) = self.spill_set(st, ino)?.get(name) {
-                return Ok(Found::Value(v.to_vec()));
-            }
+        if spilled && let Some(v) = self.spill_set(st, ino)?.get(name) {
+            return Ok(Found::Value(v.to_vec()));
         }
         Ok(if overflow {
             Found::Overflow
@@ -129,7 +140,7 @@ impl Fs {
     ) -> Result<Option<Tier>> {
         let mut spill = match spill {
             Some(s) => s,
-            None => self.spill_set(st, ino)?,
+            None => self.take_spill(st, ino)?,
         };
         let in_overflow = inode.overflow > 0
             && !inode.inline.contains(name)
@@ -270,20 +281,15 @@ impl Fs {
     /// All names, NUL-terminated, as `listxattr` returns them; `trusted.*`
     /// only for callers with CAP_SYS_ADMIN.
     pub fn listxattr(&self, ctx: &Ctx, ino: u64) -> Result<Vec<u8>> {
-        let (inline, spill, overflow) = {
+        let (mut names, overflow) = {
             let mut st = self.state.lock();
             let inode = self.inode(&mut st, ino)?;
-            let spill = if inode.spill_len > 0 {
-                Some(self.spill_set(&mut st, ino)?)
-            } else {
-                None
-            };
-            (inode.inline, spill, inode.overflow > 0)
+            let mut names: Vec<Vec<u8>> = inode.inline.names().map(<[u8]>::to_vec).collect();
+            if inode.spill_len > 0 {
+                names.extend(self.spill_set(&mut st, ino)?.names().map(<[u8]>::to_vec));
+            }
+            (names, inode.overflow > 0)
         };
-        let mut names: Vec<Vec<u8>> = inline.names().map(<[u8]>::to_vec).collect();
-        if let Some(s) = spill {
-            names.extend(s.names().map(<[u8]>::to_vec));
-        }
         if overflow {
             let (start, end) = keys::ino_range(keys::P_OVERFLOW, ino);
             for (k, _) in self.store.scan(&start, &end, usize::MAX)? {
