@@ -13,6 +13,9 @@
 #   4. pjdfstest (tests/pjdfstest.toml) in a directory of a fresh
 #      `safs mount -o allow_other`, with a secondary file system for EXDEV
 #   5. pjdfstest's EROFS tests on their own (they remount read-only)
+#   6. stress-ng: its file-system stressors with --verify, one after the
+#      other, a few seconds each, on the same mount
+#   7. safs fsck of that volume once unmounted: it must be clean
 # Every step runs even if an earlier one failed (except that pjdfstest needs a
 # built safs); the script prints a summary and exits non-zero if any failed.
 # Whatever it mounted is unmounted on exit, on failure and on Ctrl-C too.
@@ -45,6 +48,7 @@ have umount || need+=(mount)
 have useradd || need+=(passwd)
 have cc || need+=(build-essential)
 have pkg-config || need+=(pkg-config)
+have stress-ng || need+=(stress-ng)
 [ -e /usr/include/sys/acl.h ] || need+=(libacl1-dev) # pjdfstest links libacl
 if ! have cargo && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ]; then
   have curl || need+=(curl ca-certificates)
@@ -245,6 +249,70 @@ else
     else
       record FAIL 0 "pjdfstest-erofs: tests/pjdfstest.toml has no 'allow_remount = false' line to flip"
     fi
+  fi
+fi
+
+# --- 6. stress-ng ----------------------------------------------------------------
+# File-system stressors that check what they read back (--verify): data
+# through both caches, locks, mmap, links, renames, xattrs, directories.
+# Left out: io-uring (this stress-ng's IORING_OP_STATX check fails on ext4
+# too) and fiemap (FIEMAP is not forwarded by FUSE; it skips itself).
+STRESSORS=(fallocate flock fcntl lockf mmap seek sync-file readahead rename
+  symlink chown getdent xattr dirdeep dirmany copy-file fsize iomix sendfile
+  splice file-ioctl hdd dentry utime mknod chmod filename fstat link open
+  fpunch dir lease)
+STRESS_SECONDS=${STRESS_SECONDS:-3}
+t0=$SECONDS
+if ! is_mounted "$MNT"; then
+  record FAIL 0 "stress-ng: not run, nothing mounted"
+elif ! have stress-ng; then
+  record FAIL 0 "stress-ng: not run, stress-ng is not installed"
+else
+  say "stress-ng: ${#STRESSORS[@]} stressors, ${STRESS_SECONDS}s each, --verify, in $MNT/stress"
+  mkdir -p "$MNT/stress"
+  failed=()
+  for s in "${STRESSORS[@]}"; do
+    log=$WORK/stress-$s.log
+    set +e
+    (cd "$MNT/stress" && timeout -k 10 $((STRESS_SECONDS * 10 + 60)) \
+      stress-ng --temp-path "$MNT/stress" --"$s" 1 --verify --timeout "$STRESS_SECONDS" \
+      --metrics-brief) >"$log" 2>&1
+    rc=$?
+    set -e
+    if [ "$rc" != 0 ] || grep -q ' fail: ' "$log"; then
+      failed+=("$s")
+      echo "stress-ng --$s: exit $rc"
+      grep -E ' (fail|error): ' "$log" | head -n 5 | sed 's/^/    /'
+    else
+      echo "stress-ng --$s: ok"
+    fi
+  done
+  if [ ${#failed[@]} = 0 ]; then
+    TOTAL_PASSED=$((TOTAL_PASSED + ${#STRESSORS[@]}))
+    record PASS $((SECONDS - t0)) "stress-ng: ${#STRESSORS[@]} stressors passed --verify"
+  else
+    TOTAL_PASSED=$((TOTAL_PASSED + ${#STRESSORS[@]} - ${#failed[@]}))
+    TOTAL_FAILED=$((TOTAL_FAILED + ${#failed[@]}))
+    record FAIL $((SECONDS - t0)) "stress-ng: failed: ${failed[*]}"
+  fi
+fi
+
+# --- 7. fsck of the volume all of the above ran on ---------------------------
+t0=$SECONDS
+if is_mounted "$MNT"; then
+  umount "$MNT"
+  # `safs fsck` waits for the unmounted daemon's last commit by itself.
+  set +e
+  "$SAFS" fsck "$VOL" >"$WORK/fsck.log" 2>&1
+  rc=$?
+  set -e
+  cat "$WORK/fsck.log"
+  if [ "$rc" = 0 ]; then
+    TOTAL_PASSED=$((TOTAL_PASSED + 1))
+    record PASS $((SECONDS - t0)) "safs fsck after pjdfstest and stress-ng: clean"
+  else
+    TOTAL_FAILED=$((TOTAL_FAILED + 1))
+    record FAIL $((SECONDS - t0)) "safs fsck after pjdfstest and stress-ng: exit $rc"
   fi
 fi
 

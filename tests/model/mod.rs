@@ -531,12 +531,13 @@ pub fn read_tree(mnt: &Path) -> Model {
     m
 }
 
+/// The pid on the first line of `<vol>/lock` (a second line says `mounted`).
 pub fn daemon_pid(vol: &Path) -> i32 {
-    std::fs::read_to_string(vol.join("lock"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
+    let text = std::fs::read_to_string(vol.join("lock")).unwrap();
+    text.split_whitespace()
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{}/lock does not start with a pid: {text:?}", vol.display()))
 }
 
 pub fn wait_gone(pid: i32) {
