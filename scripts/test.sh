@@ -115,9 +115,29 @@ clean_stray_mounts() {
   done
 }
 
+# pjdfstest's EROFS tests remount the mount read-only and back with
+# mount(8), which runs /sbin/mount.fuse.safs (or mount.fuse3, which runs
+# `safs` from a PATH that mount(8) resets to the system's own). So for the
+# run the helper is the binary under test, and whatever was installed there
+# (scripts/run.sh installs one) is put back on exit.
+HELPER=/sbin/mount.fuse.safs
+HELPER_INSTALLED=0
+install_helper() {
+  if [ -e "$HELPER" ] || [ -L "$HELPER" ]; then cp -P "$HELPER" "$WORK/helper.saved"; fi
+  ln -sfn "$SAFS" "$HELPER"
+  HELPER_INSTALLED=1
+}
+restore_helper() {
+  [ "$HELPER_INSTALLED" = 1 ] || return 0
+  rm -f "$HELPER"
+  if [ -e "$WORK/helper.saved" ] || [ -L "$WORK/helper.saved" ]; then cp -P "$WORK/helper.saved" "$HELPER"; fi
+  HELPER_INSTALLED=0
+}
+
 cleanup() {
   local rc=$?
   trap - EXIT
+  restore_helper
   if is_mounted "$MNT"; then
     umount "$MNT" 2>/dev/null || fusermount3 -u -z "$MNT" 2>/dev/null || umount -l "$MNT" || true
     # The daemon flushes and exits; wait (bounded) until it released the lock.
@@ -239,6 +259,7 @@ else
     record FAIL $((SECONDS - t0)) "pjdfstest: not run, safs mount failed"
     tail -n 50 "$VOL/safs.log" 2>/dev/null || true
   else
+    install_helper
     run_pjdfstest pjdfstest "$ROOT/tests/pjdfstest.toml" "$MNT/pjdfstest"
     # The EROFS tests remount the file system read-only and back, which fails
     # with EBUSY while other tests still hold files open for writing, so they
