@@ -5,7 +5,8 @@
 //! semantics, SA xattr tiers, caches, group commit) → `meta` (engines) and
 //! `format` (record layouts, pure).
 // Unsafe is denied everywhere but `meta::lmdb::LmdbStore::open` (heed's
-// `open` is unsafe because LMDB memory-maps its file; see the SAFETY note).
+// `open` is unsafe because LMDB memory-maps its file) and
+// `process::default_sigpipe` (libc's `signal`); see their SAFETY notes.
 #![deny(unsafe_code)]
 
 pub mod bench;
@@ -15,3 +16,4 @@ pub mod format;
 pub mod fsck;
 pub mod fuse;
 pub mod meta;
+pub mod process;

@@ -379,6 +379,36 @@ fn info_prints_uuid_format_version_and_budget() {
 }
 
 #[test]
+fn info_into_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let v = TestVolume::new();
+    // A pipe whose reader is already gone: the first write gets EPIPE, as
+    // with `safs info --stats | head -1` once head has exited.
+    let (reader, writer) = nix::unistd::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(SAFS)
+        .args(["info".as_ref(), "--stats".as_ref(), v.mnt().as_os_str()])
+        .stdout(Stdio::from(writer))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("panicked"),
+        "no panic on a closed stdout: {stderr}"
+    );
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "ends by SIGPIPE like any Unix tool: {:?} {stderr}",
+        out.status
+    );
+    // The daemon lives on (its control socket ignores hung-up clients).
+    safs(["info".as_ref(), "--stats".as_ref(), v.mnt().as_os_str()])
+        .assert_success("safs info --stats after a closed pipe");
+}
+
+#[test]
 fn bad_commands_flags_and_options_exit_non_zero_with_a_message() {
     let v = TestVolume::formatted(&[]);
     let mnt = v.mnt().to_str().unwrap().to_string();

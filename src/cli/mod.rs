@@ -50,6 +50,12 @@ pub struct SyncArgs {
 /// Runs the command and returns its exit code; an error is printed by
 /// `main` and turns into exit 1.
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
+    if matches!(
+        cli.command,
+        Command::Info(_) | Command::Fsck(_) | Command::Format(_) | Command::Sync(_)
+    ) {
+        safs::process::default_sigpipe();
+    }
     if let Command::Fsck(a) = cli.command {
         return Ok(fsck::run(a));
     }
