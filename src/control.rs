@@ -30,9 +30,19 @@ pub struct StatsReply {
     pub ops: Vec<OpReport>,
     pub cached_inodes: usize,
     pub inode_cache_capacity: usize,
-    /// The daemon's peak resident memory (VmHWM), KiB.
+    /// The daemon's peak resident memory (VmHWM), KiB. It counts the
+    /// engine's memory-mapped file pages too (page cache, reclaimable).
     #[serde(default)]
     pub peak_rss_kib: u64,
+    /// The daemon's anonymous resident memory now (RssAnon), KiB: heap and
+    /// caches, the part the cache bound governs.
+    #[serde(default)]
+    pub rss_anon_kib: u64,
+    /// Bytes the inode cache holds now, and the most it may hold.
+    #[serde(default)]
+    pub cache_bytes: u64,
+    #[serde(default)]
+    pub cache_budget_bytes: u64,
     /// Metadata engine reads and commits since the mount.
     #[serde(default)]
     pub engine: crate::meta::EngineCounters,
@@ -41,15 +51,12 @@ pub struct StatsReply {
     pub inline_bytes: u64,
 }
 
-/// VmHWM of this process, KiB (0 if unreadable).
-fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
+/// A `kB` figure of this process's `/proc/self/status` (0 if unreadable).
+fn status_kib(status: &str, field: &str) -> u64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
 }
 
@@ -86,6 +93,8 @@ fn handle(conn: UnixStream, fs: &Fs, stats: &Stats) -> std::io::Result<()> {
     let reply = match line.trim() {
         "stats" => {
             let (cached, cap) = fs.cache_figures();
+            let (cache_bytes, cache_budget) = fs.cache_bytes();
+            let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
             Reply {
                 ok: true,
                 error: None,
@@ -94,7 +103,10 @@ fn handle(conn: UnixStream, fs: &Fs, stats: &Stats) -> std::io::Result<()> {
                     ops: stats.report(),
                     cached_inodes: cached,
                     inode_cache_capacity: cap,
-                    peak_rss_kib: peak_rss_kib(),
+                    peak_rss_kib: status_kib(&status, "VmHWM"),
+                    rss_anon_kib: status_kib(&status, "RssAnon"),
+                    cache_bytes: cache_bytes as u64,
+                    cache_budget_bytes: cache_budget as u64,
                     engine: fs.engine_counters(),
                     inline_bytes: fs.inline_budget() as u64,
                 }),

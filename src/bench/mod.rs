@@ -224,9 +224,16 @@ impl Ctx<'_> {
                     secs,
                     value,
                     sd: timed.sd_us,
-                    requests: delta.as_ref().map(|(b, a)| request_delta(&b.0, &a.0)),
-                    daemon_ns: delta.as_ref().map(|(b, a)| request_delta(&b.1, &a.1)),
-                    engine: delta.as_ref().map(|(b, a)| request_delta(&b.2, &a.2)),
+                    requests: delta
+                        .as_ref()
+                        .map(|(b, a)| request_delta(&b.counts, &a.counts)),
+                    daemon_ns: delta
+                        .as_ref()
+                        .map(|(b, a)| request_delta(&b.nanos, &a.nanos)),
+                    engine: delta
+                        .as_ref()
+                        .map(|(b, a)| request_delta(&b.engine, &a.engine)),
+                    daemon_mem: delta.as_ref().map(|(_, a)| a.mem),
                 })
             };
             match run() {

@@ -64,6 +64,35 @@ pub struct Rep {
     /// trips; a hot phase should show none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub engine: Option<Requests>,
+    /// The safs daemon's memory at the end of the loop.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub daemon_mem: Option<DaemonMem>,
+}
+
+/// The safs daemon's memory as its control socket reports it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct DaemonMem {
+    /// Peak resident set (VmHWM) of the daemon serving the loop, KiB. Cold
+    /// phases restart the daemon, so this is per daemon, not per run. It
+    /// includes the engine's memory-mapped pages (reclaimable page cache).
+    pub peak_rss_kib: u64,
+    /// Anonymous resident memory (RssAnon), KiB: heap and caches.
+    pub rss_anon_kib: u64,
+    /// Bytes held by the inode cache, and its configured bound.
+    pub cache_bytes: u64,
+    pub cache_budget_bytes: u64,
+}
+
+impl DaemonMem {
+    /// The larger of each figure.
+    pub fn max(self, o: DaemonMem) -> DaemonMem {
+        DaemonMem {
+            peak_rss_kib: self.peak_rss_kib.max(o.peak_rss_kib),
+            rss_anon_kib: self.rss_anon_kib.max(o.rss_anon_kib),
+            cache_bytes: self.cache_bytes.max(o.cache_bytes),
+            cache_budget_bytes: self.cache_budget_bytes.max(o.cache_budget_bytes),
+        }
+    }
 }
 
 /// One phase of one test on one target: a table cell.
@@ -299,6 +328,7 @@ mod tests {
             requests: None,
             daemon_ns: None,
             engine: None,
+            daemon_mem: None,
         }
     }
 

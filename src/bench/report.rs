@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::config::Test;
-use super::record::{Measurement, Results, Unit};
+use super::record::{DaemonMem, Measurement, Results, Unit};
 use super::svg::{Chart, DASHES, PALETTE, Series};
 
 /// `value ÷ base`, when both exist and the base is positive.
@@ -349,6 +349,11 @@ pub fn markdown(r: &Results) -> String {
                 let _ = writeln!(s, "| {} |", row.join(" | "));
             }
         }
+        for l in &safs {
+            if let Some(m) = daemon_mem(r, test, l) {
+                let _ = writeln!(s, "\n{l} daemon memory: {}.", mem_line(&m));
+            }
+        }
         if !notes.is_empty() {
             let _ = writeln!(s, "\nn/a:");
             for n in notes {
@@ -651,9 +656,46 @@ pub fn checks(r: &Results) -> Vec<Check> {
                     }
                 }
             }
+            // Scale without memory growth matters where the tests are
+            // largest: the inode cache must stay within its configured bound.
+            if matches!(test, Test::T1 | Test::T5)
+                && let Some(m) = daemon_mem(r, test, l)
+            {
+                add(
+                    &format!("{test}: daemon memory within the inode cache bound"),
+                    mem_line(&m),
+                    Verdict::of(m.cache_bytes <= m.cache_budget_bytes),
+                );
+            }
         }
     }
     out
+}
+
+/// The largest memory figures the daemon of safs target `label` reported
+/// after any repetition of `test`.
+fn daemon_mem(r: &Results, test: Test, label: &str) -> Option<DaemonMem> {
+    r.measurements
+        .iter()
+        .filter(|m| m.test == test && m.target == label)
+        .flat_map(|m| m.reps.iter().filter_map(|rep| rep.daemon_mem))
+        .reduce(DaemonMem::max)
+}
+
+fn mib(kib: u64) -> String {
+    fmt_value(kib as f64 / 1024.0)
+}
+
+/// One line on the daemon's memory during a test.
+fn mem_line(m: &DaemonMem) -> String {
+    format!(
+        "{} MiB anonymous at most (heap and caches), peak resident {} MiB \
+         (with the engine's memory-mapped pages); inode cache at most {} of its {} MiB bound",
+        mib(m.rss_anon_kib),
+        mib(m.peak_rss_kib),
+        mib(m.cache_bytes / 1024),
+        mib(m.cache_budget_bytes / 1024)
+    )
 }
 
 /// `64 Ki`, `1k`: short labels for the swept parameter.
@@ -772,6 +814,7 @@ mod tests {
                 requests: req.map(|r| r.iter().map(|(k, n)| ((*k).to_string(), *n)).collect()),
                 daemon_ns: None,
                 engine: None,
+                daemon_mem: None,
             }),
             None => m.error = Some("ENOSPC: setxattr failed at 1 of 100".into()),
         }
@@ -924,6 +967,50 @@ mod tests {
         assert_eq!(find("T1: hot setxattr").verdict, Verdict::Met);
         assert_eq!(find("T5: create per-file").verdict, Verdict::Missed);
         assert_eq!(find("T5: one round trip").verdict, Verdict::Met);
+    }
+
+    #[test]
+    fn daemon_memory_is_reported_against_the_cache_bound() {
+        let mut r = results();
+        let mem = |anon_mib: u64, cache_mib: u64| DaemonMem {
+            peak_rss_kib: (anon_mib + 100) << 10,
+            rss_anon_kib: anon_mib << 10,
+            cache_bytes: cache_mib << 20,
+            cache_budget_bytes: 256 << 20,
+        };
+        // The largest figure of all repetitions of a test is the one shown.
+        let t5: Vec<usize> = (0..r.measurements.len())
+            .filter(|&i| r.measurements[i].test == Test::T5 && r.measurements[i].target == "safs")
+            .collect();
+        assert_eq!(t5.len(), 2);
+        r.measurements[t5[0]].reps[0].daemon_mem = Some(mem(300, 250));
+        r.measurements[t5[1]].reps[0].daemon_mem = Some(mem(120, 40));
+        let md = markdown(&r);
+        assert!(
+            md.contains(
+                "safs daemon memory: 300 MiB anonymous at most (heap and caches), peak resident 400 MiB"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("inode cache at most 250 of its 256 MiB bound"),
+            "{md}"
+        );
+        let verdict = |r: &Results| {
+            checks(r)
+                .into_iter()
+                .find(|c| c.what.starts_with("T5: daemon memory"))
+                .map(|c| c.verdict)
+        };
+        assert_eq!(verdict(&r), Some(Verdict::Met));
+        // T1 reported no memory figures: no check for it.
+        assert!(
+            !checks(&r)
+                .iter()
+                .any(|c| c.what.starts_with("T1: daemon memory"))
+        );
+        r.measurements[t5[1]].reps[0].daemon_mem = Some(mem(120, 300));
+        assert_eq!(verdict(&r), Some(Verdict::Missed));
     }
 
     #[test]

@@ -221,6 +221,7 @@ pub fn run(
                 requests: None,
                 daemon_ns: None,
                 engine: None,
+                daemon_mem: None,
             });
         }
         _ => ratio.error = Some("a dbench run failed".into()),

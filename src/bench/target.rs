@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use super::record::{Requests, TargetInfo};
+use super::record::{DaemonMem, Requests, TargetInfo};
 use crate::core::volume::VolumeLock;
 
 /// One line of `/proc/self/mountinfo`.
@@ -123,6 +123,15 @@ pub struct ColdEnv<'a> {
     pub safs_exe: &'a Path,
 }
 
+/// What a safs daemon reports at one moment: cumulative request counts and
+/// nanoseconds by opcode, engine operations, and its memory.
+pub struct Snapshot {
+    pub counts: Requests,
+    pub nanos: Requests,
+    pub engine: Requests,
+    pub mem: DaemonMem,
+}
+
 impl Target {
     /// Resolves `dir` and recognises safs mounts. `safs_options` are used
     /// when a safs target has to be mounted again.
@@ -190,7 +199,7 @@ impl Target {
     /// The daemon's request counters, for safs targets: requests served
     /// and nanoseconds spent serving them, by opcode; and the engine's
     /// operations (`get`, `scan`, `commit`).
-    pub fn requests(&self) -> anyhow::Result<Option<(Requests, Requests, Requests)>> {
+    pub fn requests(&self) -> anyhow::Result<Option<Snapshot>> {
         let Some(s) = &self.safs else { return Ok(None) };
         let reply = crate::control::request(&s.volume, "stats")
             .with_context(|| format!("target {}: cannot read request counts", self.label))?
@@ -202,7 +211,18 @@ impl Target {
             .into_iter()
             .map(|(k, n)| (k.to_string(), n))
             .collect();
-        Ok(Some((counts, nanos, engine)))
+        let mem = DaemonMem {
+            peak_rss_kib: reply.peak_rss_kib,
+            rss_anon_kib: reply.rss_anon_kib,
+            cache_bytes: reply.cache_bytes,
+            cache_budget_bytes: reply.cache_budget_bytes,
+        };
+        Ok(Some(Snapshot {
+            counts,
+            nanos,
+            engine,
+            mem,
+        }))
     }
 
     /// Makes the target cold (see the module comment). Returns a warning

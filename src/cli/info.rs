@@ -41,10 +41,17 @@ fn print_stats(vol: &Path, json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "inode cache:    {} of {} inodes",
-        stats.cached_inodes, stats.inode_cache_capacity
+        "inode cache:    {} of {} inodes, {} of {} MiB",
+        stats.cached_inodes,
+        stats.inode_cache_capacity,
+        stats.cache_bytes >> 20,
+        stats.cache_budget_bytes >> 20
     );
-    println!("peak memory:    {} MiB", stats.peak_rss_kib / 1024);
+    println!(
+        "memory:         {} MiB anonymous now, {} MiB peak resident (with the engine's mapped pages)",
+        stats.rss_anon_kib / 1024,
+        stats.peak_rss_kib / 1024
+    );
     println!(
         "engine:         {} point reads, {} scans, {} commits",
         stats.engine.gets, stats.engine.scans, stats.engine.commits

@@ -622,6 +622,12 @@ impl Fs {
         (st.cache.len(), st.cache.cap().get())
     }
 
+    /// Bytes the inode cache holds now, and the most it may hold.
+    pub fn cache_bytes(&self) -> (usize, usize) {
+        let st = self.state.lock();
+        (st.cache_bytes, st.cache_budget)
+    }
+
     /// The volume's inline xattr budget, bytes.
     pub fn inline_budget(&self) -> usize {
         self.budget
