@@ -806,6 +806,9 @@ impl Checker<'_> {
 /// Checks (and with `repair`, repairs) the unmounted volume at `dir`.
 pub fn run(dir: &Path, repair: bool, progress: Progress<'_>) -> anyhow::Result<Report> {
     let layout = Layout::new(dir);
+    if !layout.is_volume() {
+        return Err(volume::VolumeError::NotAVolume(dir.to_path_buf()).into());
+    }
     let _lock =
         VolumeLock::acquire(&layout).map_err(|e| anyhow::anyhow!("{e}; unmount it first"))?;
     let (store, sb) = volume::open_store(dir)?;

@@ -1,7 +1,9 @@
 //! Bytes flipped anywhere in the metadata file: every read either returns
-//! exactly what was written or fails (EIO); nothing panics or crashes, and
-//! `safs fsck` reports the damage (or, where the flip hit unused space,
-//! finds the volume clean).
+//! exactly what was written or fails (EIO), and `safs fsck` reports the
+//! damage (or, where the flip hit unused space, finds the volume clean)
+//! without ever crashing. A flip inside a record never crashes anything; a
+//! flip in LMDB's own page structure may crash the engine in the reading
+//! process (LMDB has no page checksums), which is counted and printed.
 //!
 //! Each case copies a pristine volume, flips bytes at one spot of
 //! `meta/data.mdb`, then reads everything back in a child process (so that
@@ -222,6 +224,12 @@ fn flipped_bytes_never_serve_wrong_data() {
             f.write_all_at(&flipped, at as u64).unwrap();
         }
         let (reader, fsck) = probe(&vol);
+        // fsck checks in a child process of its own: whatever the flip
+        // hit, it reports instead of dying.
+        assert!(
+            fsck.is_some(),
+            "case {case} (offset {at}): fsck died by a signal instead of reporting"
+        );
         assert_ne!(
             reader,
             Some(3),
@@ -244,7 +252,7 @@ fn flipped_bytes_never_serve_wrong_data() {
         } else {
             anywhere += 1;
             match (reader, fsck) {
-                (None, _) | (_, None) => crashes += 1,
+                (None, _) => crashes += 1,
                 (_, Some(4) | Some(8)) => detected += 1,
                 (_, Some(0)) => {}
                 (_, other) => panic!("case {case} (offset {at}): fsck ended with {other:?}"),
@@ -253,9 +261,10 @@ fn flipped_bytes_never_serve_wrong_data() {
         let _ = std::fs::remove_dir_all(&vol);
     }
     // Flips in LMDB's own page structure (headers, node flags, page
-    // numbers) can still crash the engine: LMDB has no page checksums. See
-    // the README's limits; counted, not hidden.
+    // numbers) can still crash the engine in the reading process: LMDB has
+    // no page checksums. See the README's limits; counted, not hidden.
     eprintln!(
-        "{in_values} flips in records (all detected), {anywhere} anywhere: {detected} detected in all, {crashes} crashed inside the engine"
+        "{in_values} flips in records (all detected), {anywhere} anywhere: {detected} detected in all, \
+         {crashes} crashed the reading process inside the engine; fsck never crashed"
     );
 }

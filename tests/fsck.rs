@@ -203,4 +203,9 @@ fn mounted_volume_and_missing_volume_are_operational_errors() {
     assert!(out.contains("already mounted"), "{out}");
     let (code, out) = fsck(Path::new("/nonexistent/safs-volume"), false);
     assert_eq!(code, 8, "{out}");
+    assert!(out.contains("is not a safs volume"), "{out}");
+    assert!(
+        !out.contains("unmount"),
+        "a missing volume is not a mounted one: {out}"
+    );
 }

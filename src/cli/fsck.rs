@@ -1,10 +1,15 @@
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus};
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use safs::fsck::{self, EXIT_OPERATIONAL};
+use safs::fsck::{self, EXIT_OPERATIONAL, EXIT_UNCORRECTED};
+
+/// Set in the environment of the process that does the checking.
+const WORKER_ENV: &str = "SAFS_FSCK_WORKER";
 
 #[derive(Args, Debug)]
 pub struct FsckArgs {
@@ -17,7 +22,59 @@ pub struct FsckArgs {
 
 /// Returns the e2fsck-style exit code: 0 clean, 1 repaired, 4 errors left,
 /// 8 operational error.
+///
+/// LMDB keeps no checksums of its own page structure, so a damaged page
+/// header or page pointer can crash the engine (SIGSEGV, SIGBUS) while
+/// fsck reads the records. The check therefore runs in a child process of
+/// its own: such damage is reported as damage, never as a crashed fsck.
 pub fn run(a: FsckArgs) -> i32 {
+    if std::env::var_os(WORKER_ENV).is_some() {
+        return check(a);
+    }
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            eprintln!("safs fsck: cannot find its own executable to run the check: {e}");
+            return EXIT_OPERATIONAL;
+        }
+    };
+    let mut cmd = Command::new(exe);
+    cmd.arg("fsck").arg(&a.volume).env(WORKER_ENV, "1");
+    if a.repair {
+        cmd.arg("--repair");
+    }
+    match cmd.status() {
+        Ok(status) => verdict(&a.volume, status),
+        Err(e) => {
+            eprintln!("safs fsck: cannot start the checking process: {e}");
+            EXIT_OPERATIONAL
+        }
+    }
+}
+
+/// The exit code for a checking process that ended with `status`.
+fn verdict(volume: &Path, status: ExitStatus) -> i32 {
+    if let Some(code) = status.code() {
+        return code;
+    }
+    let signal = status.signal().map_or_else(
+        || "an unknown signal".to_string(),
+        |s| {
+            nix::sys::signal::Signal::try_from(s)
+                .map_or_else(|_| format!("signal {s}"), |s| s.as_str().to_string())
+        },
+    );
+    eprintln!(
+        "ERROR: the metadata engine crashed ({signal}) reading {}: its page structure \
+         is damaged, which fsck can neither check record by record nor repair \
+         (LMDB keeps no page checksums). Restore the volume from a backup.",
+        volume.join("meta/data.mdb").display()
+    );
+    EXIT_UNCORRECTED
+}
+
+/// Does the checking (in the child process).
+fn check(a: FsckArgs) -> i32 {
     let bar = if std::io::stderr().is_terminal() {
         let b = ProgressBar::new(0);
         b.set_style(
@@ -72,5 +129,28 @@ pub fn run(a: FsckArgs) -> i32 {
             eprintln!("safs fsck: {e:#}");
             EXIT_OPERATIONAL
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_crashed_check_is_reported_as_damage_left_uncorrected() {
+        let vol = Path::new("/vol");
+        // Exit codes of a check that ran to the end pass through.
+        for code in [0, 1, 4, 8] {
+            assert_eq!(verdict(vol, ExitStatus::from_raw(code << 8)), code);
+        }
+        // Death by a signal (raw wait status = the signal number).
+        assert_eq!(
+            verdict(vol, ExitStatus::from_raw(libc::SIGSEGV)),
+            EXIT_UNCORRECTED
+        );
+        assert_eq!(
+            verdict(vol, ExitStatus::from_raw(libc::SIGBUS)),
+            EXIT_UNCORRECTED
+        );
     }
 }
