@@ -7,7 +7,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::*;
-use crate::meta::{MemStore, MetaError, MetaRead, MetaStore, Write};
+use crate::meta::{MemStore, MetaError, MetaRead, MetaStore, WriteRef};
 
 /// An engine that remembers every key it was asked to write.
 #[derive(Default)]
@@ -31,11 +31,15 @@ impl MetaRead for Recording {
 }
 
 impl MetaStore for Recording {
-    fn commit(&self, batch: &[Write]) -> std::result::Result<(), MetaError> {
+    fn commit_iter<'a>(
+        &self,
+        batch: &mut dyn Iterator<Item = WriteRef<'a>>,
+    ) -> std::result::Result<(), MetaError> {
+        let batch: Vec<WriteRef<'a>> = batch.collect();
         self.written
             .lock()
-            .extend(batch.iter().map(|(k, _)| k.clone()));
-        self.inner.commit(batch)
+            .extend(batch.iter().map(|(k, _)| k.to_vec()));
+        self.inner.commit_iter(&mut batch.into_iter())
     }
     fn disk_bytes(&self) -> u64 {
         0

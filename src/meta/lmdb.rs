@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use heed::types::Bytes;
 use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, MdbError};
 
-use super::{EngineCounters, MetaError, MetaRead, MetaStore, Write};
+use super::{EngineCounters, MetaError, MetaRead, MetaStore, WriteRef};
 
 /// Address space reserved for the map: 1 TiB on 64-bit hosts (virtual only).
 const MAP_SIZE: usize = 1 << 40;
@@ -146,7 +146,10 @@ impl MetaStore for LmdbStore {
         }
     }
 
-    fn commit(&self, batch: &[Write]) -> Result<(), MetaError> {
+    fn commit_iter<'a>(
+        &self,
+        batch: &mut dyn Iterator<Item = WriteRef<'a>>,
+    ) -> Result<(), MetaError> {
         self.commits.fetch_add(1, Relaxed);
         let mut wtxn = self.env.write_txn().map_err(engine_err)?;
         for (k, v) in batch {

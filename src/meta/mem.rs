@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use parking_lot::RwLock;
 
-use super::{MetaError, MetaRead, MetaStore, Write};
+use super::{MetaError, MetaRead, MetaStore, WriteRef};
 
 #[derive(Default)]
 pub struct MemStore {
@@ -39,11 +39,14 @@ impl MetaRead for MemStore {
 }
 
 impl MetaStore for MemStore {
-    fn commit(&self, batch: &[Write]) -> Result<(), MetaError> {
+    fn commit_iter<'a>(
+        &self,
+        batch: &mut dyn Iterator<Item = WriteRef<'a>>,
+    ) -> Result<(), MetaError> {
         let mut map = self.map.write();
         for (k, v) in batch {
             match v {
-                Some(v) => map.insert(k.clone(), v.clone()),
+                Some(v) => map.insert(k.to_vec(), v.to_vec()),
                 None => map.remove(k),
             };
         }

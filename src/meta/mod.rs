@@ -15,6 +15,9 @@ use thiserror::Error;
 
 /// One write of a batch: a put (`Some`) or a delete (`None`).
 pub type Write = (Vec<u8>, Option<Vec<u8>>);
+/// A write borrowed from a batch its owner keeps: key, and value or `None`
+/// to delete.
+pub type WriteRef<'a> = (&'a [u8], Option<&'a [u8]>);
 
 /// Key-value pairs in key order, as scans return them.
 pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
@@ -55,9 +58,19 @@ pub trait MetaStore: MetaRead + Send + Sync + 'static {
         EngineCounters::default()
     }
 
-    /// Applies `batch` atomically and durably: when this returns `Ok`, every
-    /// write survives a crash; when it returns `Err`, none was applied.
-    fn commit(&self, batch: &[Write]) -> Result<(), MetaError>;
+    /// Applies the writes `batch` yields atomically and durably: when this
+    /// returns `Ok`, every write survives a crash; when it returns `Err`,
+    /// none was applied. Borrowed, so that a caller keeping its batch (the
+    /// group committer, whose readers still see it) need not copy it.
+    fn commit_iter<'a>(
+        &self,
+        batch: &mut dyn Iterator<Item = WriteRef<'a>>,
+    ) -> Result<(), MetaError>;
+
+    /// [`MetaStore::commit_iter`] of owned writes.
+    fn commit(&self, batch: &[Write]) -> Result<(), MetaError> {
+        self.commit_iter(&mut batch.iter().map(|(k, v)| (k.as_slice(), v.as_deref())))
+    }
 
     /// Bytes the store occupies on disk.
     fn disk_bytes(&self) -> u64;
