@@ -662,7 +662,7 @@ pub fn checks(r: &Results) -> Vec<Check> {
                 && let Some(m) = daemon_mem(r, test, l)
             {
                 add(
-                    &format!("{test}: daemon memory within the inode cache bound"),
+                    &format!("{test}: inode cache within its bound (daemon memory beside it)"),
                     mem_line(&m),
                     Verdict::of(m.cache_bytes <= m.cache_budget_bytes),
                 );
@@ -999,7 +999,7 @@ mod tests {
         let verdict = |r: &Results| {
             checks(r)
                 .into_iter()
-                .find(|c| c.what.starts_with("T5: daemon memory"))
+                .find(|c| c.what.starts_with("T5: inode cache"))
                 .map(|c| c.verdict)
         };
         assert_eq!(verdict(&r), Some(Verdict::Met));
@@ -1007,7 +1007,7 @@ mod tests {
         assert!(
             !checks(&r)
                 .iter()
-                .any(|c| c.what.starts_with("T1: daemon memory"))
+                .any(|c| c.what.starts_with("T1: inode cache"))
         );
         r.measurements[t5[1]].reps[0].daemon_mem = Some(mem(120, 300));
         assert_eq!(verdict(&r), Some(Verdict::Missed));
