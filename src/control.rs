@@ -92,8 +92,7 @@ fn handle(conn: UnixStream, fs: &Fs, stats: &Stats) -> std::io::Result<()> {
     BufReader::new(&conn).read_line(&mut line)?;
     let reply = match line.trim() {
         "stats" => {
-            let (cached, cap) = fs.cache_figures();
-            let (cache_bytes, cache_budget) = fs.cache_bytes();
+            let cache = fs.cache_figures();
             let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
             Reply {
                 ok: true,
@@ -101,12 +100,12 @@ fn handle(conn: UnixStream, fs: &Fs, stats: &Stats) -> std::io::Result<()> {
                 stats: Some(StatsReply {
                     pid: std::process::id(),
                     ops: stats.report(),
-                    cached_inodes: cached,
-                    inode_cache_capacity: cap,
+                    cached_inodes: cache.inodes,
+                    inode_cache_capacity: cache.inode_capacity,
                     peak_rss_kib: status_kib(&status, "VmHWM"),
                     rss_anon_kib: status_kib(&status, "RssAnon"),
-                    cache_bytes: cache_bytes as u64,
-                    cache_budget_bytes: cache_budget as u64,
+                    cache_bytes: cache.bytes as u64,
+                    cache_budget_bytes: cache.byte_budget as u64,
                     engine: fs.engine_counters(),
                     inline_bytes: fs.inline_budget() as u64,
                 }),

@@ -115,6 +115,15 @@ impl Default for Options {
     }
 }
 
+/// What the inode cache holds now, and the most it may hold.
+#[derive(Clone, Copy, Debug)]
+pub struct CacheFigures {
+    pub inodes: usize,
+    pub inode_capacity: usize,
+    pub bytes: usize,
+    pub byte_budget: usize,
+}
+
 /// A decoded inode and, once read, its spill set.
 struct Cached {
     inode: Inode,
@@ -616,16 +625,15 @@ fn check_name(name: &[u8]) -> Result<()> {
 mod tests;
 
 impl Fs {
-    /// (inodes cached, cache capacity).
-    pub fn cache_figures(&self) -> (usize, usize) {
+    /// What the inode cache holds, and its bounds.
+    pub fn cache_figures(&self) -> CacheFigures {
         let st = self.state.lock();
-        (st.cache.len(), st.cache.cap().get())
-    }
-
-    /// Bytes the inode cache holds now, and the most it may hold.
-    pub fn cache_bytes(&self) -> (usize, usize) {
-        let st = self.state.lock();
-        (st.cache_bytes, st.cache_budget)
+        CacheFigures {
+            inodes: st.cache.len(),
+            inode_capacity: st.cache.cap().get(),
+            bytes: st.cache_bytes,
+            byte_budget: st.cache_budget,
+        }
     }
 
     /// The volume's inline xattr budget, bytes.
