@@ -20,6 +20,11 @@
 //! - takes a file's size from its backing file when they disagree, and
 //!   deletes backing files that belong to no inode.
 //!
+//! Before any of that, opening the store checks the engine's own page
+//! structure (`meta::lmdb::verify`); damage there, or an unreadable
+//! superblock, ends the check with that one finding: nothing further can be
+//! read safely, and nothing of it can be repaired.
+//!
 //! Exit codes follow e2fsck: 0 clean, 1 errors corrected, 4 errors left
 //! uncorrected, 8 operational error.
 
@@ -36,7 +41,7 @@ use crate::format::inode::{Inode, S_IFDIR, S_IFMT, Timestamp};
 use crate::format::keys;
 use crate::format::superblock::Counters;
 use crate::format::xattrs::XattrSet;
-use crate::meta::{LmdbStore, MetaStore, Write};
+use crate::meta::{LmdbStore, MetaError, MetaStore, Write};
 
 /// e2fsck-style exit codes.
 pub const EXIT_CLEAN: i32 = 0;
@@ -59,6 +64,9 @@ pub struct Report {
     pub xattr_records: u64,
     /// Orphans reclaimed and writers reconciled (expected after a crash).
     pub recovered: u64,
+    /// The check stopped at the first finding: the volume cannot be read
+    /// further, and `--repair` cannot help.
+    pub unreadable: bool,
 }
 
 impl Report {
@@ -811,7 +819,23 @@ pub fn run(dir: &Path, repair: bool, progress: Progress<'_>) -> anyhow::Result<R
     }
     let _lock =
         VolumeLock::acquire(&layout).map_err(|e| anyhow::anyhow!("{e}; unmount it first"))?;
-    let (store, sb) = volume::open_store(dir)?;
+    let (store, sb) = match volume::open_store(dir) {
+        Ok(opened) => opened,
+        Err(
+            e @ (volume::VolumeError::Meta(MetaError::Damaged { .. })
+            | volume::VolumeError::CorruptSuperblock(_)),
+        ) => {
+            return Ok(Report {
+                findings: vec![Finding {
+                    what: e.to_string(),
+                    repaired: false,
+                }],
+                unreadable: true,
+                ..Report::default()
+            });
+        }
+        Err(e) => return Err(e.into()),
+    };
     check_store(store, &layout, sb.inline_bytes, repair, progress)
 }
 

@@ -74,16 +74,56 @@ fn corrupt_and_newer_superblocks_are_refused() {
         .commit(&[(keys::SUPERBLOCK.to_vec(), Some(bad))])
         .unwrap();
     assert_refused(&["mount", p(&vol), p(&mnt)], "superblock is corrupt");
-    assert_eq!(
-        safs(&["fsck", p(&vol)]).0,
-        8,
-        "fsck cannot check a volume it cannot read"
+    // Damage found, that nothing can repair: exit 4, and it says so.
+    let (code, out) = safs(&["fsck", p(&vol), "--repair"]);
+    assert_eq!(code, 4, "{out}");
+    assert!(
+        out.contains("superblock is corrupt") && out.contains("nor repaired"),
+        "{out}"
     );
     store
         .commit(&[(keys::SUPERBLOCK.to_vec(), Some(good))])
         .unwrap();
     drop(store);
     assert_eq!(safs(&["fsck", p(&vol)]).0, 0);
+}
+
+/// Damage to LMDB's own page structure (here: the main tree's root page
+/// number in the newer meta page) is refused by mount and reported by fsck,
+/// before the engine could crash on it; nothing is written.
+#[test]
+fn damaged_engine_structure_is_refused() {
+    use std::os::unix::fs::FileExt;
+    let (_t, vol, mnt) = fresh();
+    let path = vol.join("meta/data.mdb");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let u64_at = |at: u64| {
+        let mut b = [0u8; 8];
+        file.read_exact_at(&mut b, at).unwrap();
+        u64::from_le_bytes(b)
+    };
+    // The meta record starts at byte 16 of pages 0 and 1: the main tree's
+    // root page number is at 128, the transaction id at 144.
+    let newer = if u64_at(144) < u64_at(4096 + 144) {
+        4096
+    } else {
+        0
+    };
+    file.write_all_at(&(1u64 << 40).to_le_bytes(), newer + 128)
+        .unwrap();
+    assert_refused(&["mount", p(&vol), p(&mnt)], "outside the file");
+    let (code, out) = safs(&["fsck", p(&vol), "--repair"]);
+    assert_eq!(code, 4, "{out}");
+    assert!(out.contains("data.mdb is damaged"), "{out}");
+    assert_eq!(
+        u64_at(newer + 128),
+        1 << 40,
+        "the damaged file was written to"
+    );
 }
 
 #[test]

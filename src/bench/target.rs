@@ -12,8 +12,9 @@
 //! - kernel filesystems: `sync`, then `echo 3 > /proc/sys/vm/drop_caches`;
 //! - safs: unmount (the daemon commits and exits, its inode cache and
 //!   LMDB map go with it), wait for the volume lock to be free, `sync`, drop
-//!   caches, mount again — the honest cold: the next figure includes reading
-//!   the metadata engine from disk. If the unmount is refused (the mount is
+//!   caches, mount again, and drop caches once more (the mount's structure
+//!   check reads the engine's whole tree) — the honest cold: the next figure
+//!   includes reading the metadata engine from disk. If the unmount is refused (the mount is
 //!   busy, e.g. someone's shell sits in it), the daemon is asked to
 //!   `drop-caches` instead and the run says so.
 
@@ -163,7 +164,7 @@ impl Target {
             }
         });
         let cold = if safs.is_some() {
-            "unmount, sync, drop_caches, mount (daemon restarted)"
+            "unmount, sync, drop_caches, mount (daemon restarted), drop_caches"
         } else {
             "sync, drop_caches"
         };
@@ -247,6 +248,8 @@ impl Target {
                     wait_unlocked(&s.volume, Duration::from_secs(120))?;
                     drop_kernel_caches()?;
                     mount_safs(env.safs_exe, s)?;
+                    // The mount's structure check read the engine's tree.
+                    drop_kernel_caches()?;
                     return Ok(None);
                 }
                 Err(e) => {

@@ -111,6 +111,7 @@ fn check(a: FsckArgs) -> i32 {
                 );
             }
             let verdict = match report.exit_code() {
+                _ if report.unreadable => "cannot be checked further, nor repaired",
                 0 => "clean",
                 1 => "errors repaired",
                 _ if a.repair => "errors left uncorrected",

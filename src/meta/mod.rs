@@ -30,6 +30,17 @@ pub enum MetaError {
     NoSpace,
     #[error("metadata engine: {0}")]
     Engine(String),
+    /// The engine's own structure is damaged: opening it could crash the
+    /// engine or misread it, so it is not opened.
+    #[error(
+        "{} is damaged: {what}. safs will not open it (the engine could crash or misread it); \
+         restore the volume from a backup",
+        path.display()
+    )]
+    Damaged {
+        path: std::path::PathBuf,
+        what: String,
+    },
     #[error("metadata I/O: {0}")]
     Io(#[from] std::io::Error),
 }

@@ -13,12 +13,15 @@
 //! - read transactions are short-lived (one per call) so they never pin old
 //!   pages for long;
 //! - a commit is durable on return (`fsync` of the data file);
-//! - LMDB has no page checksums, and a corrupt page or node can point past
-//!   the end of the file: through the memory map that is SIGBUS, a crash.
-//!   So the data file is extended (sparsely: no disk space) to the whole map,
-//!   where such reads find zeros, and values longer than any record safs
-//!   writes are refused before they are touched. Either way the record's own
-//!   checksum then fails: EIO, never a crash or wrong data.
+//! - LMDB has no page checksums and trusts its page structure: a damaged
+//!   page header, node or page number makes it read outside the page or the
+//!   map, a crash. So every open first checks the whole structure in safe
+//!   code ([`verify`]) and refuses a damaged file. Inside a record, damage is
+//!   caught by the record's own checksum (EIO). As a second line, for damage
+//!   that appears while the file is open, the data file is extended
+//!   (sparsely: no disk space) to the whole map, where stray reads find
+//!   zeros rather than SIGBUS, and values longer than any record safs writes
+//!   are refused before they are touched.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -27,6 +30,8 @@ use heed::types::Bytes;
 use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, MdbError};
 
 use super::{EngineCounters, MetaError, MetaRead, MetaStore, WriteRef};
+
+pub mod verify;
 
 /// Address space reserved for the map: 1 TiB on 64-bit hosts (virtual only).
 const MAP_SIZE: usize = 1 << 40;
@@ -57,9 +62,28 @@ fn engine_err(e: heed::Error) -> MetaError {
 }
 
 impl LmdbStore {
-    /// Opens (creating if missing) the store in directory `dir`.
+    /// Opens (creating if missing) the store in directory `dir`, after
+    /// checking an existing file's structure (see [`verify`]).
     pub fn open(dir: &Path) -> Result<Self, MetaError> {
         std::fs::create_dir_all(dir)?;
+        let data = dir.join("data.mdb");
+        if data.exists() {
+            let start = std::time::Instant::now();
+            let summary = verify::check(&data).map_err(|e| match e {
+                verify::CheckError::Damaged(what) => MetaError::Damaged {
+                    path: data.clone(),
+                    what,
+                },
+                verify::CheckError::Io(e) => MetaError::Io(e),
+            })?;
+            tracing::info!(
+                txn = summary.txnid,
+                pages = summary.pages_read,
+                entries = summary.entries,
+                ms = start.elapsed().as_millis() as u64,
+                "metadata structure checked"
+            );
+        }
         let mut opts = EnvOpenOptions::new();
         opts.map_size(MAP_SIZE).max_dbs(1).max_readers(1024);
         // SAFETY: heed's `open` is unsafe because LMDB memory-maps the file:
