@@ -7,6 +7,7 @@
 // Unsafe is denied everywhere but `meta::lmdb::LmdbStore::open` (heed's
 // `open` is unsafe because LMDB memory-maps its file) and
 // `process::default_sigpipe` (libc's `signal`); see their SAFETY notes.
+// (Tests that write LMDB files of their own open them the same way.)
 #![deny(unsafe_code)]
 
 pub mod bench;
@@ -16,4 +17,5 @@ pub mod format;
 pub mod fsck;
 pub mod fuse;
 pub mod meta;
+pub mod mountinfo;
 pub mod process;

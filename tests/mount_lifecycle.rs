@@ -620,3 +620,50 @@ fn allow_other_is_off_unless_asked_for() {
     as_user(&u.u1, || fs::write(&mnt, b"hello").errno()).unwrap();
     assert_eq!(read_file(&mnt), b"hello");
 }
+
+/// After `kill -9`, `safs mount` on the same mountpoint replaces the dead
+/// mount of its own volume (and says so); a dead mount of another volume is
+/// left alone, with an error saying how to remove it.
+#[test]
+fn mounting_again_after_a_crash_replaces_the_dead_mount() {
+    let mut v = TestVolume::new();
+    fs::write(v.path("kept"), b"before the crash").unwrap();
+    File::open(v.mnt()).unwrap().sync_all().unwrap();
+    let pid = daemon_pid(v.vol());
+    kill(pid, Signal::SIGKILL).unwrap();
+    assert!(
+        wait_until(WAIT, || !process_alive(pid)),
+        "daemon survived SIGKILL"
+    );
+    assert_eq!(
+        fs::metadata(v.mnt()).unwrap_err().raw_os_error(),
+        Some(libc::ENOTCONN)
+    );
+
+    // Another volume cannot take over this dead mount.
+    let other = TestVolume::formatted(&[]);
+    let out = safs([
+        "mount".as_ref(),
+        other.vol().as_os_str(),
+        v.mnt().as_os_str(),
+    ]);
+    out.assert_failure_with_message("dead mount of another volume");
+    assert!(
+        out.stderr.contains("dead fuse.safs mount"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("umount"), "{}", out.stderr);
+    assert!(is_fuse_mounted(v.mnt()), "the dead mount was touched");
+
+    // Its own volume can.
+    let out = safs(v.mount_args());
+    out.assert_success("mount over the volume's own dead mount");
+    assert!(
+        out.stderr.contains("was a dead mount of this volume"),
+        "{}",
+        out.stderr
+    );
+    v.adopt_mount();
+    assert_eq!(read_file(&v.path("kept")), b"before the crash");
+}

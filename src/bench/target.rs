@@ -27,74 +27,7 @@ use anyhow::{Context, bail};
 
 use super::record::{DaemonMem, Requests, TargetInfo};
 use crate::core::volume::VolumeLock;
-
-/// One line of `/proc/self/mountinfo`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MountEntry {
-    pub mountpoint: PathBuf,
-    pub fstype: String,
-    pub source: String,
-    pub mount_opts: String,
-    pub super_opts: String,
-}
-
-fn unescape(s: &str) -> String {
-    // mountinfo escapes space, tab, newline and backslash as \ooo.
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
-    text.lines()
-        .filter_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            let mut lf = left.split(' ');
-            let mountpoint = lf.nth(4)?;
-            let mount_opts = lf.next().unwrap_or("");
-            let mut r = right.split(' ');
-            let fstype = r.next()?;
-            let source = r.next().unwrap_or("");
-            let super_opts = r.next().unwrap_or("");
-            Some(MountEntry {
-                mountpoint: PathBuf::from(unescape(mountpoint)),
-                fstype: fstype.to_string(),
-                source: unescape(source),
-                mount_opts: mount_opts.to_string(),
-                super_opts: super_opts.to_string(),
-            })
-        })
-        .collect()
-}
-
-/// The mount holding `path` (already canonical).
-pub fn mount_of<'a>(entries: &'a [MountEntry], path: &Path) -> Option<&'a MountEntry> {
-    let mut best: Option<&MountEntry> = None;
-    for e in entries {
-        if path.starts_with(&e.mountpoint)
-            && best.is_none_or(|b| {
-                e.mountpoint.components().count() >= b.mountpoint.components().count()
-            })
-        {
-            best = Some(e);
-        }
-    }
-    best
-}
+use crate::mountinfo::{self, MountEntry};
 
 /// A safs mount the bench can restart.
 #[derive(Clone, Debug)]
@@ -144,8 +77,8 @@ impl Target {
         }
         let info = std::fs::read_to_string("/proc/self/mountinfo")
             .context("cannot read /proc/self/mountinfo")?;
-        let entries = parse_mountinfo(&info);
-        let mount = mount_of(&entries, &dir)
+        let entries = mountinfo::parse(&info);
+        let mount = mountinfo::mount_of(&entries, &dir)
             .cloned()
             .with_context(|| format!("target {label}: no mount holds {}", dir.display()))?;
         let safs = (mount.fstype == "fuse.safs").then(|| {
@@ -158,7 +91,7 @@ impl Target {
                 options.push("allow_other".into());
             }
             SafsMount {
-                volume: PathBuf::from(&mount.source),
+                volume: mount.source.clone(),
                 mountpoint: mount.mountpoint.clone(),
                 options,
             }
@@ -183,7 +116,7 @@ impl Target {
             label: self.label.clone(),
             dir: self.dir.display().to_string(),
             fstype: self.mount.fstype.clone(),
-            mount_source: self.mount.source.clone(),
+            mount_source: self.mount.source.display().to_string(),
             safs_volume: self.safs.as_ref().map(|s| s.volume.display().to_string()),
             inline_bytes: self
                 .safs
@@ -327,48 +260,4 @@ pub fn mount_safs(safs_exe: &Path, s: &SafsMount) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const INFO: &str = "\
-22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw,discard
-40 22 0:35 / /tmp rw,nosuid shared:20 - tmpfs tmpfs rw,size=4194304k
-51 22 0:44 / /mnt/my\\040safs rw,nosuid,nodev,relatime shared:30 - fuse.safs /var/lib/safs/demo rw,user_id=0,group_id=0,default_permissions,allow_other
-52 40 0:45 / /tmp/x rw shared:31 - xfs /dev/loop0 rw,attr2
-";
-
-    #[test]
-    fn parses_lines_and_escapes() {
-        let e = parse_mountinfo(INFO);
-        assert_eq!(e.len(), 4);
-        assert_eq!(e[2].mountpoint, PathBuf::from("/mnt/my safs"));
-        assert_eq!(e[2].fstype, "fuse.safs");
-        assert_eq!(e[2].source, "/var/lib/safs/demo");
-        assert!(e[2].super_opts.contains("allow_other"));
-        assert_eq!(e[3].fstype, "xfs");
-    }
-
-    #[test]
-    fn longest_prefix_wins() {
-        let e = parse_mountinfo(INFO);
-        let m = |p: &str| mount_of(&e, Path::new(p)).unwrap().fstype.clone();
-        assert_eq!(m("/home/x"), "ext4");
-        assert_eq!(m("/tmp"), "tmpfs");
-        assert_eq!(m("/tmp/xy"), "tmpfs");
-        assert_eq!(m("/tmp/x/y"), "xfs");
-        assert_eq!(m("/mnt/my safs/a"), "fuse.safs");
-    }
-
-    #[test]
-    fn overmount_last_wins() {
-        let text = format!("{INFO}60 22 0:50 / /tmp rw - ext4 /dev/loop1 rw\n");
-        let e = parse_mountinfo(&text);
-        assert_eq!(
-            mount_of(&e, Path::new("/tmp/a")).unwrap().source,
-            "/dev/loop1"
-        );
-    }
 }

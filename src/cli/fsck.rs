@@ -23,10 +23,11 @@ pub struct FsckArgs {
 /// Returns the e2fsck-style exit code: 0 clean, 1 repaired, 4 errors left,
 /// 8 operational error.
 ///
-/// LMDB keeps no checksums of its own page structure, so a damaged page
-/// header or page pointer can crash the engine (SIGSEGV, SIGBUS) while
-/// fsck reads the records. The check therefore runs in a child process of
-/// its own: such damage is reported as damage, never as a crashed fsck.
+/// LMDB keeps no checksums of its own page structure. Opening the store
+/// checks that structure first (`meta::lmdb::verify`) and refuses damage
+/// it finds; as a second line, for anything that check could miss, the
+/// check runs in a child process of its own: a crash of the engine is
+/// reported as damage, never as a crashed fsck.
 pub fn run(a: FsckArgs) -> i32 {
     if std::env::var_os(WORKER_ENV).is_some() {
         return check(a);

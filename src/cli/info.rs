@@ -88,23 +88,10 @@ fn print_stats(vol: &Path, json: bool) -> anyhow::Result<()> {
 /// The volume mounted at `mnt`, from /proc/self/mountinfo.
 pub fn volume_of_mount(mnt: &Path) -> Option<PathBuf> {
     let mnt = std::fs::canonicalize(mnt).ok()?;
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().rev().find_map(|l| {
-        let (left, right) = l.split_once(" - ")?;
-        let target = left.split(' ').nth(4)?;
-        let mut r = right.split(' ');
-        let fstype = r.next()?;
-        let source = r.next()?;
-        (fstype == "fuse.safs" && Path::new(&unescape(target)) == mnt)
-            .then(|| PathBuf::from(unescape(source)))
-    })
-}
-
-fn unescape(s: &str) -> String {
-    s.replace("\\040", " ")
-        .replace("\\011", "\t")
-        .replace("\\012", "\n")
-        .replace("\\134", "\\")
+    let table = safs::mountinfo::read().ok()?;
+    safs::mountinfo::mounted_at(&table, &mnt)
+        .filter(|m| m.fstype == "fuse.safs")
+        .map(|m| m.source.clone())
 }
 
 pub fn run(a: InfoArgs) -> anyhow::Result<()> {

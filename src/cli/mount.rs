@@ -133,9 +133,15 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
     Ok(o)
 }
 
-fn check_mountpoint(mnt: &Path, nonempty: bool) -> anyhow::Result<()> {
-    let meta = std::fs::metadata(mnt)
-        .with_context(|| format!("mountpoint {} does not exist", mnt.display()))?;
+fn check_mountpoint(volume: &Path, mnt: &Path, nonempty: bool) -> anyhow::Result<()> {
+    let meta = match std::fs::metadata(mnt) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            clear_dead_mount(volume, mnt)?;
+            std::fs::metadata(mnt)
+        }
+        other => other,
+    }
+    .with_context(|| format!("mountpoint {} does not exist", mnt.display()))?;
     if !meta.is_dir() {
         bail!("mountpoint {} is not a directory", mnt.display());
     }
@@ -148,6 +154,41 @@ fn check_mountpoint(mnt: &Path, nonempty: bool) -> anyhow::Result<()> {
     if !Path::new("/dev/fuse").exists() {
         bail!("/dev/fuse is missing: load the fuse module (modprobe fuse) or install fuse3");
     }
+    Ok(())
+}
+
+/// `mnt` answers ENOTCONN: a FUSE mount whose daemon is gone (killed, or
+/// crashed). If it was this volume's — whose lock the caller just took, so
+/// no daemon serves it — detach it, so that mounting again after a crash
+/// just works; anyone else's dead mount is theirs to remove.
+fn clear_dead_mount(volume: &Path, mnt: &Path) -> anyhow::Result<()> {
+    let abs = std::path::absolute(mnt)?;
+    let table = safs::mountinfo::read().context("cannot read the mount table")?;
+    let Some(dead) = safs::mountinfo::mounted_at(&table, &abs) else {
+        bail!(
+            "mountpoint {} cannot be reached (transport endpoint is not connected)",
+            mnt.display()
+        );
+    };
+    if dead.fstype != "fuse.safs" || dead.source != volume {
+        bail!(
+            "mountpoint {} is a dead {} mount of {} (its daemon has stopped): unmount it first (umount {})",
+            mnt.display(),
+            dead.fstype,
+            dead.source.display(),
+            mnt.display()
+        );
+    }
+    nix::mount::umount2(&abs, nix::mount::MntFlags::MNT_DETACH).with_context(|| {
+        format!(
+            "cannot unmount the dead mount of this volume at {}",
+            mnt.display()
+        )
+    })?;
+    eprintln!(
+        "safs: {} was a dead mount of this volume (its daemon had stopped); unmounted it",
+        mnt.display()
+    );
     Ok(())
 }
 
@@ -172,7 +213,7 @@ pub fn run(a: MountArgs) -> anyhow::Result<()> {
             e => e.into(),
         })?,
     );
-    check_mountpoint(&a.mountpoint, opts.nonempty)?;
+    check_mountpoint(&volume, &a.mountpoint, opts.nonempty)?;
     let mountpoint = std::fs::canonicalize(&a.mountpoint)?;
     if a.foreground || a.daemon_child {
         serve(&volume, &mountpoint, &opts, a.daemon_child)

@@ -360,42 +360,13 @@ pub fn is_mounted(dir: &Path) -> bool {
     let Ok(dir) = fs::canonicalize(dir) else {
         return false;
     };
-    let Ok(table) = fs::read_to_string("/proc/self/mountinfo") else {
+    let Ok(table) = crate::mountinfo::read() else {
         // Without a mount table we cannot tell: assume it is still mounted.
         return true;
     };
-    let want = dir.as_os_str().as_encoded_bytes();
-    table.lines().any(|line| {
-        // "... - <fstype> <source> <super options>"
-        let Some((_, tail)) = line.split_once(" - ") else {
-            return false;
-        };
-        let mut f = tail.split(' ');
-        let (Some(fstype), Some(source)) = (f.next(), f.next()) else {
-            return false;
-        };
-        fstype.starts_with("fuse") && unescape_mountinfo(source) == want
-    })
-}
-
-/// Undoes the octal escapes (`\040` for a space...) of /proc/self/mountinfo.
-fn unescape_mountinfo(s: &str) -> Vec<u8> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    out
+    table
+        .iter()
+        .any(|m| m.fstype.starts_with("fuse") && m.source == dir)
 }
 
 impl Drop for VolumeLock {
