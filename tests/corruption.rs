@@ -158,32 +158,41 @@ fn probe(vol: &Path) -> (Option<i32>, Option<i32>) {
     (out.status.code(), fsck.status.code())
 }
 
-/// Offsets inside runs of ≥ 64 equal non-zero bytes: record values (free
-/// space in LMDB pages is zero).
-fn value_offsets(mdb: &[u8]) -> Vec<usize> {
+const PSIZE: usize = 4096;
+
+/// Offsets inside runs of ≥ 64 equal non-zero bytes in pages in use: record
+/// values (free space in LMDB pages is zero; free pages hold stale copies).
+fn value_offsets(mdb: &[u8], in_use: &[u64]) -> Vec<usize> {
     let mut out = Vec::new();
-    let mut i = 0;
-    while i < mdb.len() {
-        let mut j = i;
-        while j < mdb.len() && mdb[j] == mdb[i] {
-            j += 1;
+    for &page in in_use {
+        let page = &mdb[page as usize * PSIZE..][..PSIZE];
+        let base = page.as_ptr() as usize - mdb.as_ptr() as usize;
+        let mut i = 0;
+        while i < PSIZE {
+            let mut j = i;
+            while j < PSIZE && page[j] == page[i] {
+                j += 1;
+            }
+            if page[i] != 0 && j - i >= 64 {
+                out.extend((base + i + 8..base + j - 8).step_by(97));
+            }
+            i = j;
         }
-        if mdb[i] != 0 && j - i >= 64 {
-            out.extend((i + 8..j - 8).step_by(97));
-        }
-        i = j;
     }
     out
 }
 
 /// Offsets of LMDB's own structure in the file: the meta records, and in
-/// every branch and leaf page its header, its node pointers and each node's
-/// header (sizes, flags, key size, child page numbers).
-fn structure_offsets(mdb: &[u8]) -> Vec<usize> {
-    const PSIZE: usize = 4096;
+/// every branch and leaf page in use its header, its node pointers and each
+/// node's header (sizes, flags, key size, child page numbers).
+fn structure_offsets(mdb: &[u8], in_use: &[u64]) -> Vec<usize> {
     let u16_at = |at: usize| u16::from_le_bytes([mdb[at], mdb[at + 1]]) as usize;
     let mut out: Vec<usize> = (16..152).chain(PSIZE + 16..PSIZE + 152).collect();
-    for page in (2 * PSIZE..mdb.len()).step_by(PSIZE) {
+    for page in in_use
+        .iter()
+        .map(|&p| p as usize * PSIZE)
+        .filter(|&p| p >= 2 * PSIZE)
+    {
         let flags = u16_at(page + 10);
         let lower = u16_at(page + 12);
         if !(flags == 1 || flags == 2) || !(16..PSIZE).contains(&lower) {
@@ -221,9 +230,10 @@ fn flipped_bytes_never_serve_wrong_data() {
             .unwrap();
         v
     };
-    let values = value_offsets(&mdb);
+    let in_use = safs::meta::lmdb_verify::pages_in_use(&path).unwrap();
+    let values = value_offsets(&mdb, &in_use);
     assert!(values.len() > 100, "test records not found in the file");
-    let structure = structure_offsets(&mdb);
+    let structure = structure_offsets(&mdb, &in_use);
     assert!(structure.len() > 100, "LMDB's pages not found in the file");
     let cases: usize = std::env::var("SAFS_CORRUPTION_CASES")
         .ok()

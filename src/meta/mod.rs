@@ -10,6 +10,7 @@ mod lmdb;
 mod mem;
 
 pub use lmdb::LmdbStore;
+pub use lmdb::verify as lmdb_verify;
 pub use mem::MemStore;
 use thiserror::Error;
 

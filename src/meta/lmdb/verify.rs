@@ -169,6 +169,27 @@ fn read_exact(
 
 /// Checks the LMDB data file at `path` (see the module comment).
 pub fn check(path: &Path) -> Result<Summary, CheckError> {
+    walk(path).map(|(summary, _)| summary)
+}
+
+/// The pages in use in the file at `path` (the meta pages, and every page
+/// either tree reaches), in order, after the same check: what tests need to
+/// tell a live record's bytes from a stale copy in a free page.
+pub fn pages_in_use(path: &Path) -> Result<Vec<u64>, CheckError> {
+    let (_, used) = walk(path)?;
+    let mut pages = vec![0, 1];
+    for (word, bits) in used.iter().enumerate() {
+        pages.extend(
+            (0..64)
+                .filter(|b| bits & (1 << b) != 0)
+                .map(|b| word as u64 * 64 + b),
+        );
+    }
+    Ok(pages)
+}
+
+/// The check; also returns the bitmap of pages reached.
+fn walk(path: &Path) -> Result<(Summary, Vec<u64>), CheckError> {
     let file = File::open(path)?;
     let len = file.metadata()?.len();
     let m0 = read_meta(&file, 0, 0)?;
@@ -248,11 +269,12 @@ pub fn check(path: &Path) -> Result<Summary, CheckError> {
             )));
         }
     }
-    Ok(Summary {
+    let summary = Summary {
         txnid: meta.txnid,
         pages_read: w.pages_read,
         entries: main.entries,
-    })
+    };
+    Ok((summary, w.used))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -639,6 +661,9 @@ mod tests {
             lmdb_file(dir.path(), rounds);
             let s = check(&dir.path().join("data.mdb")).unwrap();
             assert!(s.pages_read > 1 && s.entries > 100, "{s:?}");
+            let used = pages_in_use(&dir.path().join("data.mdb")).unwrap();
+            assert!(used.len() as u64 > s.pages_read, "overflow pages count too");
+            assert!(used.windows(2).all(|w| w[0] < w[1]) && used[..2] == [0, 1]);
         }
     }
 
