@@ -135,7 +135,9 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
 
 fn check_mountpoint(volume: &Path, mnt: &Path, nonempty: bool) -> anyhow::Result<()> {
     let meta = match std::fs::metadata(mnt) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+        // A FUSE mount whose daemon is gone: ENOTCONN, or ECONNABORTED
+        // while the kernel is still aborting the connection.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)) => {
             clear_dead_mount(volume, mnt)?;
             std::fs::metadata(mnt)
         }
@@ -157,7 +159,7 @@ fn check_mountpoint(volume: &Path, mnt: &Path, nonempty: bool) -> anyhow::Result
     Ok(())
 }
 
-/// `mnt` answers ENOTCONN: a FUSE mount whose daemon is gone (killed, or
+/// `mnt` answers ENOTCONN (or ECONNABORTED): a FUSE mount whose daemon is gone (killed, or
 /// crashed). If it was this volume's — whose lock the caller just took, so
 /// no daemon serves it — detach it, so that mounting again after a crash
 /// just works; anyone else's dead mount is theirs to remove.
