@@ -470,12 +470,13 @@ impl Walker<'_> {
                 key,
             })
         };
+        let nodes = (0..nkeys).map(node).collect::<Result<Vec<_>, _>>()?;
         // Keys in order, inside lo..hi. A branch page's first key is never
         // compared by LMDB (its range comes from the parent), so skip it.
         let first = usize::from(!leaf);
         let mut prev: Option<&[u8]> = lo;
-        for i in first..nkeys {
-            let key = &page[node(i)?.key];
+        for (i, n) in nodes.iter().enumerate().skip(first) {
+            let key = &page[n.key.clone()];
             let in_order = match prev {
                 None => true,
                 Some(p) if i == first => tree.cmp(p, key) != Ordering::Greater,
@@ -488,9 +489,8 @@ impl Walker<'_> {
         }
         if leaf {
             counts.leaf += 1;
-            for i in 0..nkeys {
-                let n = node(i)?;
-                self.leaf_node(tree, &page, &n, counts)
+            for (i, n) in nodes.iter().enumerate() {
+                self.leaf_node(tree, &page, n, counts)
                     .map_err(|e| match e {
                         CheckError::Damaged(m) => at(format!("node {i}: {m}")),
                         e => e,
@@ -499,19 +499,16 @@ impl Walker<'_> {
             return Ok(());
         }
         counts.branch += 1;
-        for i in 0..nkeys {
-            let n = node(i)?;
+        for (i, n) in nodes.iter().enumerate() {
             let child = n.size | u64::from(n.flags) << 32;
             let child_lo = if i == 0 {
                 lo
             } else {
                 Some(&page[n.key.clone()])
             };
-            let child_hi = if i + 1 < nkeys {
-                Some(&page[node(i + 1)?.key])
-            } else {
-                hi
-            };
+            let child_hi = nodes
+                .get(i + 1)
+                .map_or(hi, |next| Some(&page[next.key.clone()]));
             self.page(tree, db, child, depth + 1, child_lo, child_hi, counts)?;
         }
         Ok(())
@@ -731,6 +728,15 @@ mod tests {
         eprintln!("{refused} of {cases} header flips refused, the rest harmless to LMDB");
     }
 
+    /// Byte offsets of the (newer, older) meta page, by transaction id.
+    fn metas_by_age(bytes: &[u8]) -> (usize, usize) {
+        if u64_at(bytes, 144) < u64_at(bytes, 4096 + 144) {
+            (4096, 0)
+        } else {
+            (0, 4096)
+        }
+    }
+
     #[test]
     fn a_rolled_back_meta_page_is_refused() {
         let dir = tempfile::tempdir().unwrap();
@@ -738,8 +744,7 @@ mod tests {
         let path = dir.path().join("data.mdb");
         let mut bytes = std::fs::read(&path).unwrap();
         // The older meta page's transaction id raised above the newer one's.
-        let (t0, t1) = (u64_at(&bytes, 144), u64_at(&bytes, 4096 + 144));
-        let older = if t0 < t1 { 144 } else { 4096 + 144 };
+        let older = metas_by_age(&bytes).1 + 144;
         bytes[older + 7] ^= 0x10;
         std::fs::write(&path, &bytes).unwrap();
         let e = check(&path).unwrap_err().to_string();
@@ -752,8 +757,7 @@ mod tests {
         lmdb_file(dir.path(), 1);
         let path = dir.path().join("data.mdb");
         let mut bytes = std::fs::read(&path).unwrap();
-        let (t0, t1) = (u64_at(&bytes, 144), u64_at(&bytes, 4096 + 144));
-        let newer = if t0 < t1 { 4096 } else { 0 };
+        let newer = metas_by_age(&bytes).0;
         // The newer meta page's main-tree root.
         bytes[newer + 88 + 40 + 5] = 0x7f;
         std::fs::write(&path, &bytes).unwrap();
