@@ -6,7 +6,9 @@
 //!   the core's cache figures;
 //! - `sync`: make every change so far durable (what `syncfs` would do, had
 //!   Linux forwarded it);
-//! - `drop-caches`: empty the daemon's inode cache (cold-cache benchmarks).
+//! - `drop-caches`: empty the daemon's inode cache (cold-cache benchmarks);
+//! - `atime <noatime|relatime|strictatime> [nodiratime]`: new access-time
+//!   rules (sent by `mount -o remount,...`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -49,6 +51,9 @@ pub struct StatsReply {
     /// The volume's inline xattr budget, bytes.
     #[serde(default)]
     pub inline_bytes: u64,
+    /// The group committer: failing or not, records waiting, space held.
+    #[serde(default)]
+    pub commits: Option<crate::core::Health>,
 }
 
 /// A `kB` figure of this process's `/proc/self/status` (0 if unreadable).
@@ -108,6 +113,7 @@ fn handle(conn: UnixStream, fs: &Fs, stats: &Stats) -> std::io::Result<()> {
                     cache_budget_bytes: cache.byte_budget as u64,
                     engine: fs.engine_counters(),
                     inline_bytes: fs.inline_budget() as u64,
+                    commits: Some(fs.health()),
                 }),
             }
         }
@@ -123,6 +129,24 @@ fn handle(conn: UnixStream, fs: &Fs, stats: &Stats) -> std::io::Result<()> {
                 stats: None,
             },
         },
+        cmd if cmd.starts_with("atime ") => {
+            let mut a = crate::core::Atime::default();
+            for word in cmd.split_whitespace().skip(1) {
+                match word {
+                    "noatime" => a.mode = crate::core::AtimeMode::Never,
+                    "relatime" => a.mode = crate::core::AtimeMode::Relative,
+                    "strictatime" => a.mode = crate::core::AtimeMode::Always,
+                    "nodiratime" => a.no_dirs = true,
+                    _ => {}
+                }
+            }
+            fs.set_atime(a);
+            Reply {
+                ok: true,
+                error: None,
+                stats: None,
+            }
+        }
         "drop-caches" => {
             fs.drop_caches();
             Reply {

@@ -817,8 +817,15 @@ pub fn run(dir: &Path, repair: bool, progress: Progress<'_>) -> anyhow::Result<R
     if !layout.is_volume() {
         return Err(volume::VolumeError::NotAVolume(dir.to_path_buf()).into());
     }
-    let _lock =
-        VolumeLock::acquire(&layout).map_err(|e| anyhow::anyhow!("{e}; unmount it first"))?;
+    let _lock = VolumeLock::acquire(&layout).map_err(|e| match e {
+        volume::VolumeError::Busy(who) => {
+            anyhow::anyhow!(
+                "volume {} is {who}: fsck checks unmounted volumes only",
+                dir.display()
+            )
+        }
+        e => e.into(),
+    })?;
     let (store, sb) = match volume::open_store(dir) {
         Ok(opened) => opened,
         Err(

@@ -200,7 +200,11 @@ fn mounted_volume_and_missing_volume_are_operational_errors() {
     let _lock = volume::VolumeLock::acquire(&volume::Layout::new(&vol)).unwrap();
     let (code, out) = fsck(&vol, false);
     assert_eq!(code, 8, "{out}");
-    assert!(out.contains("already mounted"), "{out}");
+    assert!(
+        out.contains(&format!("is in use by process {}", std::process::id())),
+        "{out}"
+    );
+    assert!(out.contains("unmounted volumes only"), "{out}");
     let (code, out) = fsck(Path::new("/nonexistent/safs-volume"), false);
     assert_eq!(code, 8, "{out}");
     assert!(out.contains("is not a safs volume"), "{out}");

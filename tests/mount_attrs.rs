@@ -312,6 +312,66 @@ fn write_by_other_user_clears_setid_bits_passthrough() {
     write_by_other_user_clears_setid(&["passthrough"]);
 }
 
+/// xfstests generic/683, 684, 685: fallocate, punching a hole and zeroing
+/// a range by a user without CAP_FSETID clear set-user-ID, and
+/// set-group-ID when the file is group-executable or the user is not in
+/// its group — as the kernel does for writes. Root's keep them.
+#[test]
+fn fallocate_punch_and_zero_by_other_user_clear_setid_bits() {
+    let mut v = TestVolume::with_options(&["allow_other"]);
+    let u = users();
+    let f = v.path("f");
+    let modes = [
+        (libc::FALLOC_FL_KEEP_SIZE, "fallocate"),
+        (
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            "punch",
+        ),
+        (libc::FALLOC_FL_ZERO_RANGE, "zero"),
+    ];
+    // (mode before, mode after an unprivileged change): root owns the file,
+    // u1 is not in its group.
+    let cases = [
+        (0o6666, 0o666),
+        (0o6676, 0o676),
+        (0o6766, 0o766),
+        (0o6777, 0o777),
+        (0o2676, 0o676),
+        (0o2666, 0o666),
+    ];
+    for (flag, what) in modes {
+        for (before, after) in cases {
+            write_file(&f, &[0x58; 192 * 1024]);
+            chmod(&f, before);
+            as_user(&u.u1, || {
+                let file = OpenOptions::new().write(true).open(&f).errno()?;
+                nix::fcntl::fallocate(
+                    &file,
+                    nix::fcntl::FallocateFlags::from_bits_retain(flag),
+                    65_536,
+                    65_536,
+                )
+                .map_err(|e| Errno::from_raw(e as i32))
+            })
+            .unwrap_or_else(|e| panic!("{what} by u1 on {before:o}: {e}"));
+            assert_eq!(perm(&f), after, "{what} by u1 on {before:o}");
+            // Root (CAP_FSETID) keeps them.
+            chmod(&f, before);
+            let file = OpenOptions::new().write(true).open(&f).unwrap();
+            nix::fcntl::fallocate(
+                &file,
+                nix::fcntl::FallocateFlags::from_bits_retain(flag),
+                0,
+                4096,
+            )
+            .unwrap();
+            assert_eq!(perm(&f), before, "{what} by root on {before:o}");
+        }
+    }
+    v.remount();
+    assert_eq!(perm(&f), 0o2666);
+}
+
 #[test]
 fn utimensat_sets_exact_nanoseconds_and_honours_omit_and_now() {
     let mut v = TestVolume::new();

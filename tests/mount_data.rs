@@ -207,6 +207,55 @@ fn mmap_shared_read_and_write(opts: &[&str]) {
 }
 both_modes!(mmap_shared_read_and_write);
 
+/// xfstests generic/080, 215: stores through a shared mapping move mtime
+/// and ctime, seen by a `stat` while the file is mapped and after it is
+/// closed — also under passthrough, where no request carries them.
+fn mmap_stores_move_mtime_and_ctime(opts: &[&str]) {
+    let v = TestVolume::with_options(opts);
+    let p = v.path("m");
+    write_file(&p, &[1u8; 4096]);
+    let before = (meta(&p).mtime(), meta(&p).mtime_nsec());
+    // Coarser than any filesystem clock under the volume.
+    std::thread::sleep(Duration::from_millis(1100));
+    let f = open_rw(&p);
+    // SAFETY: a shared mapping of 4096 bytes of a file that long, unmapped
+    // below, and only touched within bounds.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED);
+    // SAFETY: within the mapping.
+    unsafe { *map.cast::<u8>() = 2 };
+    // (On the daemon data path the store reaches the daemon on write-back.)
+    // SAFETY: the mapping made above.
+    assert_eq!(unsafe { libc::msync(map, 4096, libc::MS_SYNC) }, 0);
+    let during = meta(&p);
+    assert!(
+        (during.mtime(), during.mtime_nsec()) > (before.0, before.1),
+        "mtime while mapped"
+    );
+    // SAFETY: the mapping made above, once.
+    assert_eq!(unsafe { libc::munmap(map, 4096) }, 0);
+    drop(f);
+    let after = meta(&p);
+    assert!(
+        after.mtime() > before.0,
+        "mtime after close: {} vs {}",
+        after.mtime(),
+        before.0
+    );
+    assert!(after.ctime() > before.0, "ctime after close");
+    assert_eq!(read_file(&p)[0], 2);
+}
+both_modes!(mmap_stores_move_mtime_and_ctime);
+
 fn mmap_of_a_file_extended_by_ftruncate(opts: &[&str]) {
     let mut v = TestVolume::with_options(opts);
     let p = v.path("grown");

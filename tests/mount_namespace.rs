@@ -8,6 +8,7 @@ mod common;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirEntryExt, FileTypeExt, MetadataExt, symlink};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
@@ -750,6 +751,42 @@ fn readdir_while_deleting_and_creating_never_duplicates_or_skips() {
     assert_eq!(now, want);
 }
 
+/// xfstests generic/736: every entry is renamed away and back while the
+/// directory is being listed. A rename within one directory keeps the
+/// entry's place, so the listing ends, and returns each entry exactly once.
+#[test]
+fn listing_ends_while_each_entry_is_renamed_away_and_back() {
+    let v = TestVolume::new();
+    let d = v.path("d");
+    fs::create_dir(&d).unwrap();
+    const N: usize = 3000;
+    for i in 1..=N {
+        File::create(d.join(i.to_string())).unwrap();
+    }
+    let mut seen = BTreeSet::new();
+    let mut count = 0;
+    for e in fs::read_dir(&d).unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        count += 1;
+        assert!(
+            count <= N,
+            "the listing did not end: {count} entries so far"
+        );
+        assert!(seen.insert(name.clone()), "{name} listed twice");
+        fs::rename(d.join(&name), d.join("TEMPFILE")).unwrap();
+        fs::rename(d.join("TEMPFILE"), d.join(&name)).unwrap();
+    }
+    assert_eq!(count, N, "every entry once");
+    // A rename over an existing name and an exchange keep places too.
+    fs::rename(d.join("1"), d.join("2")).unwrap();
+    renameat2(&d.join("3"), &d.join("4"), libc::RENAME_EXCHANGE).unwrap();
+    let listed = readdir_entries(&d);
+    assert_eq!(listed.len(), N - 1);
+    let names: BTreeSet<_> = listed.iter().map(|(n, _)| n.clone()).collect();
+    assert_eq!(names.len(), N - 1, "no duplicates after renames over names");
+    assert!(!names.contains("1") && names.contains("2"));
+}
+
 #[test]
 fn seekdir_to_a_telldir_cookie_resumes_after_deletions() {
     let v = TestVolume::new();
@@ -926,4 +963,96 @@ fn space_of_unlinked_open_file_is_reclaimed_after_close() {
     );
     v.mount();
     assert!(list_dir(v.mnt()).is_empty());
+}
+
+/// `name_to_handle_at` → handle bytes (type, then f_handle).
+fn file_handle(p: &Path) -> (i32, Vec<u8>) {
+    #[repr(C)]
+    struct Handle {
+        bytes: u32,
+        kind: i32,
+        f: [u8; 128],
+    }
+    let mut h = Handle {
+        bytes: 128,
+        kind: 0,
+        f: [0; 128],
+    };
+    let mut mount_id = 0i32;
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid path and a handle buffer of the size it declares.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_name_to_handle_at,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            std::ptr::addr_of_mut!(h),
+            std::ptr::addr_of_mut!(mount_id),
+            0,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "name_to_handle_at {}: {}",
+        p.display(),
+        std::io::Error::last_os_error()
+    );
+    (h.kind, h.f[..h.bytes as usize].to_vec())
+}
+
+/// `open_by_handle_at` on the mount at `mnt`.
+fn open_by_handle(mnt: &Path, handle: &(i32, Vec<u8>)) -> Result<File, Errno> {
+    #[repr(C)]
+    struct Handle {
+        bytes: u32,
+        kind: i32,
+        f: [u8; 128],
+    }
+    let mut h = Handle {
+        bytes: handle.1.len() as u32,
+        kind: handle.0,
+        f: [0; 128],
+    };
+    h.f[..handle.1.len()].copy_from_slice(&handle.1);
+    let dir = File::open(mnt).unwrap();
+    // SAFETY: a valid directory descriptor and handle buffer.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            dir.as_raw_fd(),
+            std::ptr::addr_of_mut!(h),
+            libc::O_RDONLY,
+        )
+    };
+    if fd < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: a descriptor the kernel just returned to us.
+    Ok(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) })
+}
+
+/// xfstests generic/426, 467, 477: NFS file handles of files and
+/// directories open after the kernel forgot their inodes (here: a whole
+/// remount), and go stale once the file is gone.
+#[test]
+fn file_handles_open_after_the_kernel_forgot_the_inode() {
+    let mut v = TestVolume::new();
+    fs::create_dir(v.path("d")).unwrap();
+    write_file(&v.path("d/f"), b"by handle");
+    let hf = file_handle(&v.path("d/f"));
+    let hd = file_handle(&v.path("d"));
+    write_file(&v.path("gone"), b"x");
+    let hg = file_handle(&v.path("gone"));
+    fs::remove_file(v.path("gone")).unwrap();
+    v.remount();
+    let mut s = String::new();
+    open_by_handle(v.mnt(), &hf)
+        .expect("a file's handle after remount")
+        .read_to_string(&mut s)
+        .unwrap();
+    assert_eq!(s, "by handle");
+    let d = open_by_handle(v.mnt(), &hd).expect("a directory's handle after remount");
+    assert!(d.metadata().unwrap().is_dir());
+    assert_eq!(open_by_handle(v.mnt(), &hg).unwrap_err(), Errno::ESTALE);
 }

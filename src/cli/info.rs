@@ -3,6 +3,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::Args;
 
+use safs::control::StatsReply;
+use safs::core::Health;
 use safs::core::volume::{self, Layout, VolumeLock};
 use safs::format::keys;
 use safs::format::superblock::Counters;
@@ -56,6 +58,13 @@ fn print_stats(vol: &Path, json: bool) -> anyhow::Result<()> {
         "engine:         {} point reads, {} scans, {} commits",
         stats.engine.gets, stats.engine.scans, stats.engine.commits
     );
+    if let Some(h) = &stats.commits {
+        println!(
+            "space held:     {} KiB ahead of metadata commits, {} KiB of it spoken for",
+            h.held_bytes.min(u64::MAX >> 1) >> 10,
+            h.need_bytes >> 10
+        );
+    }
     println!();
     println!(
         "{:<12} {:>12} {:>10} {:>9} {:>9}",
@@ -85,13 +94,23 @@ fn print_stats(vol: &Path, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether metadata commits succeed, and what waits if they do not.
+fn print_health(h: &Health) {
+    match &h.failure {
+        None => println!(
+            "commits:        healthy ({} records waiting for the next commit)",
+            h.waiting_records
+        ),
+        Some(f) => println!(
+            "commits:        DEGRADED for {} s: {f}; {} acknowledged records wait and are retried; new changes are refused until commits succeed (free space under the volume)",
+            h.failing_for_s, h.waiting_records
+        ),
+    }
+}
+
 /// The volume mounted at `mnt`, from /proc/self/mountinfo.
 pub fn volume_of_mount(mnt: &Path) -> Option<PathBuf> {
-    let mnt = std::fs::canonicalize(mnt).ok()?;
-    let table = safs::mountinfo::read().ok()?;
-    safs::mountinfo::mounted_at(&table, &mnt)
-        .filter(|m| m.fstype == "fuse.safs")
-        .map(|m| m.source.clone())
+    volume::volume_of_mount(&std::fs::canonicalize(mnt).ok()?)
 }
 
 pub fn run(a: InfoArgs) -> anyhow::Result<()> {
@@ -124,6 +143,13 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     if VolumeLock::is_held(&vol) {
         let pid = VolumeLock::holder_pid(&vol);
         println!("mounted:        yes (daemon pid {pid})");
+        match safs::control::request(&vol, "stats") {
+            Ok(Some(StatsReply {
+                commits: Some(h), ..
+            })) => print_health(&h),
+            Ok(_) => {}
+            Err(e) => println!("commits:        unknown ({e})"),
+        }
     } else {
         println!("mounted:        no");
     }

@@ -105,9 +105,18 @@ pub fn run_mount_helper(args: Vec<String>) -> anyhow::Result<()> {
     let [volume, mountpoint]: [String; 2] = positional.try_into().map_err(|_| {
         anyhow::anyhow!("usage: mount.fuse.safs <volume> <mountpoint> [-o options]")
     })?;
-    let opts: Vec<&str> = options.iter().flat_map(|o| o.split(',')).collect();
-    if opts.contains(&"remount") {
-        return mount::remount(Path::new(&mountpoint), opts.contains(&"ro"));
+    // mount(8) leaves out options that are mount(2)'s defaults (`dev`,
+    // `suid`, `exec`), also from the current ones it passes on a remount:
+    // through it, as with every FUSE mount helper (libfuse's mount.fuse),
+    // device nodes and set-id bits are honoured unless `nodev`/`nosuid`
+    // say otherwise. (`safs mount` itself defaults to nodev,nosuid.)
+    options.insert(0, "dev,suid".to_string());
+    let remounting = options
+        .iter()
+        .flat_map(|o| o.split(','))
+        .any(|o| o == "remount");
+    if remounting {
+        return mount::remount(Path::new(&mountpoint), &options);
     }
     mount::run(mount::MountArgs {
         volume: PathBuf::from(volume),

@@ -14,9 +14,10 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use clap::Args;
 use fuser::{Config, MountOption, SessionACL};
+use nix::mount::MsFlags;
 
 use safs::core::volume::{self, Layout, VolumeLock};
-use safs::core::{Fs, Options};
+use safs::core::{Atime, AtimeMode, Fs, Options};
 use safs::fuse::{DataPath, SafsFuse};
 
 const READY: &str = "SAFS-READY";
@@ -44,24 +45,56 @@ struct MountOpts {
     allow_other: bool,
     read_only: bool,
     sync: bool,
+    dirsync: bool,
     data_path: DataPath,
     nonempty: bool,
     dev: bool,
     suid: bool,
+    exec: bool,
+    symfollow: bool,
+    atime: Atime,
     commit_ms: u64,
     threads: usize,
     cache_mb: u64,
 }
 
+impl MountOpts {
+    /// The per-mount flags these options ask the kernel for (what
+    /// `findmnt` shows), for a bind remount that sets them all at once.
+    fn mount_flags(&self) -> MsFlags {
+        let mut f = MsFlags::empty();
+        f.set(MsFlags::MS_RDONLY, self.read_only);
+        f.set(MsFlags::MS_NODEV, !self.dev);
+        f.set(MsFlags::MS_NOSUID, !self.suid);
+        f.set(MsFlags::MS_NOEXEC, !self.exec);
+        if !self.symfollow {
+            f |= MsFlags::from_bits_retain(libc::MS_NOSYMFOLLOW);
+        }
+        f |= match self.atime.mode {
+            AtimeMode::Never => MsFlags::MS_NOATIME,
+            AtimeMode::Relative => MsFlags::MS_RELATIME,
+            AtimeMode::Always => MsFlags::MS_STRICTATIME,
+        };
+        f.set(MsFlags::MS_NODIRATIME, self.atime.no_dirs);
+        f
+    }
+}
+
+/// Parses `-o` options. Every option mount(8) can pass is either honoured
+/// or refused with a message saying why; none is silently dropped.
 fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
     let mut o = MountOpts {
         allow_other: false,
         read_only: false,
         sync: false,
+        dirsync: false,
         data_path: DataPath::Auto,
         nonempty: false,
         dev: false,
         suid: false,
+        exec: true,
+        symfollow: true,
+        atime: Atime::default(),
         commit_ms: 5,
         threads: 4,
         cache_mb: 256,
@@ -86,6 +119,7 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
             "rw" => o.read_only = false,
             "sync" => o.sync = true,
             "async" => o.sync = false,
+            "dirsync" => o.dirsync = true,
             "passthrough" => o.data_path = DataPath::Passthrough,
             "nopassthrough" => o.data_path = DataPath::Daemon,
             "nonempty" => o.nonempty = true,
@@ -93,6 +127,19 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
             "nodev" => o.dev = false,
             "suid" => o.suid = true,
             "nosuid" => o.suid = false,
+            "exec" => o.exec = true,
+            "noexec" => o.exec = false,
+            "symfollow" => o.symfollow = true,
+            "nosymfollow" => o.symfollow = false,
+            "noatime" => o.atime.mode = AtimeMode::Never,
+            // `atime`, `norelatime` and `nostrictatime` undo another
+            // choice; the kernel's default is then relatime.
+            "relatime" | "atime" | "norelatime" | "nostrictatime" => {
+                o.atime.mode = AtimeMode::Relative;
+            }
+            "strictatime" => o.atime.mode = AtimeMode::Always,
+            "nodiratime" => o.atime.no_dirs = true,
+            "diratime" => o.atime.no_dirs = false,
             "commit_ms" => {
                 o.commit_ms = num(val)?;
                 if !(1..=10_000).contains(&o.commit_ms) {
@@ -111,20 +158,27 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
                     bail!("threads must be 1..=64");
                 }
             }
-            // Passed by mount(8) and fstab; nothing for safs to do.
+            "mand" => bail!("option mand: mandatory locks are not supported by Linux (since 5.15)"),
+            "iversion" => bail!("option iversion: safs keeps no inode version counter"),
+            k if k.ends_with("context") => {
+                bail!(
+                    "option {k}: safs has no SELinux labelling of its own (use the default policy)"
+                )
+            }
+            // lazytime: safs keeps timestamp updates in memory until the
+            // next group commit anyway (at most commit_ms later).
+            "lazytime" | "nolazytime" | "nomand" | "noiversion" | "silent" | "loud" => {}
+            // For fstab and mount(8) themselves; nothing for safs to do.
             "defaults"
             | "auto"
             | "noauto"
             | "user"
             | "nouser"
             | "users"
+            | "owner"
+            | "group"
             | "_netdev"
             | "nofail"
-            | "exec"
-            | "noexec"
-            | "atime"
-            | "noatime"
-            | "relatime"
             | "default_permissions" => {}
             k if k.starts_with("x-") || k.starts_with("comment=") => {}
             k => bail!("unknown mount option '{k}' (see `safs mount --help`)"),
@@ -208,10 +262,9 @@ pub fn run(a: MountArgs) -> anyhow::Result<()> {
     // wait here if that daemon was just unmounted and is finishing).
     drop(
         VolumeLock::acquire(&Layout::new(&volume)).map_err(|e| match e {
-            volume::VolumeError::Busy(pid) => anyhow::anyhow!(
-                "volume {} is already mounted (daemon pid {pid})",
-                volume.display()
-            ),
+            volume::VolumeError::Busy(who) => {
+                anyhow::anyhow!("volume {} is {who}", volume.display())
+            }
             e => e.into(),
         })?,
     );
@@ -307,6 +360,8 @@ fn serve(
         Options {
             commit_interval: std::time::Duration::from_millis(o.commit_ms),
             sync: o.sync,
+            dirsync: o.dirsync,
+            atime: o.atime,
             read_only: o.read_only,
             cache_bytes: (o.cache_mb as usize) << 20,
             ..Options::default()
@@ -334,6 +389,17 @@ fn serve(
     if o.suid {
         mount_options.push(MountOption::Suid);
     }
+    if !o.exec {
+        mount_options.push(MountOption::NoExec);
+    }
+    if o.sync {
+        // The kernel then writes data synchronously too, and asks for an
+        // FSYNC after each write.
+        mount_options.push(MountOption::Sync);
+    }
+    if o.dirsync {
+        mount_options.push(MountOption::DirSync);
+    }
     let mut config = Config::default();
     config.mount_options = mount_options;
     config.acl = if o.allow_other {
@@ -348,6 +414,7 @@ fn serve(
     safs::control::serve(volume, Arc::clone(&fs), Arc::clone(&stats))
         .context("cannot open the control socket")?;
     let adapter = SafsFuse::new(Arc::clone(&fs), o.data_path, stats);
+    let notifier = adapter.notifier_slot();
     let mut session = fuser::Session::new(adapter, mountpoint, &config).map_err(|e| {
         anyhow::anyhow!(
             "cannot mount {} on {}: {e}",
@@ -355,6 +422,11 @@ fn serve(
             mountpoint.display()
         )
     })?;
+    let _ = notifier.set(session.notifier());
+
+    // Per-mount flags fuser has no options for (relatime, strictatime,
+    // nodiratime, nosymfollow): set them all with one bind remount.
+    set_mount_flags(mountpoint, o.mount_flags(), true)?;
 
     let mut unmounter = session.unmount_callable();
     let mut signals = signal_hook::iterator::Signals::new([
@@ -363,14 +435,24 @@ fn serve(
         signal_hook::consts::SIGHUP,
     ])?;
     let sig_handle = signals.handle();
+    let fs_sig = Arc::clone(&fs);
     std::thread::Builder::new()
         .name("safs-signals".into())
         .spawn(move || {
-            if let Some(sig) = signals.forever().next() {
+            let mut signals = signals.forever();
+            if let Some(sig) = signals.next() {
                 tracing::info!(signal = sig, "signal received: unmounting");
                 if let Err(e) = unmounter.unmount() {
                     tracing::error!(error = %e, "unmount on signal failed");
                 }
+            }
+            // A second signal while the final commit keeps failing: give up.
+            if let Some(sig) = signals.next() {
+                tracing::warn!(
+                    signal = sig,
+                    "second signal: giving up on changes that cannot be committed"
+                );
+                fs_sig.abandon_final_commit();
             }
         })?;
 
@@ -400,15 +482,59 @@ fn serve(
     Ok(())
 }
 
-/// `mount -o remount,ro|rw`: flips the kernel's read-only flag on a live
-/// mount; the kernel then refuses writes with EROFS before they reach us.
-pub fn remount(mountpoint: &Path, read_only: bool) -> anyhow::Result<()> {
-    use nix::mount::MsFlags;
-    let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    if read_only {
-        flags |= MsFlags::MS_RDONLY;
+/// Sets the per-mount flags of the mount at `mountpoint` (all of them: a
+/// remount replaces the set). `bind`: only the mount's flags (MS_BIND),
+/// not the superblock's.
+fn set_mount_flags(mountpoint: &Path, flags: MsFlags, bind: bool) -> anyhow::Result<()> {
+    let mut f = MsFlags::MS_REMOUNT | flags;
+    if bind {
+        f |= MsFlags::MS_BIND;
     }
-    nix::mount::mount(None::<&str>, mountpoint, None::<&str>, flags, None::<&str>)
-        .with_context(|| format!("cannot remount {}", mountpoint.display()))?;
+    nix::mount::mount(None::<&str>, mountpoint, None::<&str>, f, None::<&str>)
+        .with_context(|| format!("cannot set the mount flags of {}", mountpoint.display()))
+}
+
+/// `mount -o remount,...`: the kernel's flags of a live mount (read-only,
+/// set-id, exec, atime rules), and the daemon's atime rules with them.
+/// mount(8) passes the mount's whole option list with the changes.
+pub fn remount(mountpoint: &Path, options: &[String]) -> anyhow::Result<()> {
+    let o = parse_options(
+        &options
+            .iter()
+            .flat_map(|s| s.split(','))
+            // mount(8) adds the options the kernel shows for the mount:
+            // FUSE's own are fixed at mount time.
+            .filter(|s| {
+                *s != "remount"
+                    && ![
+                        "user_id=",
+                        "group_id=",
+                        "rootmode=",
+                        "max_read=",
+                        "blksize=",
+                        "fd=",
+                    ]
+                    .iter()
+                    .any(|p| s.starts_with(p))
+            })
+            .map(str::to_string)
+            .collect::<Vec<_>>(),
+    )?;
+    set_mount_flags(mountpoint, o.mount_flags(), false)?;
+    let volume = std::fs::canonicalize(mountpoint)
+        .ok()
+        .and_then(|m| safs::core::volume::volume_of_mount(&m))
+        .ok_or_else(|| anyhow::anyhow!("{} is not a safs mount", mountpoint.display()))?;
+    let mode = match o.atime.mode {
+        AtimeMode::Never => "noatime",
+        AtimeMode::Relative => "relatime",
+        AtimeMode::Always => "strictatime",
+    };
+    let dirs = if o.atime.no_dirs {
+        "nodiratime"
+    } else {
+        "diratime"
+    };
+    safs::control::request(&volume, &format!("atime {mode} {dirs}"))?;
     Ok(())
 }

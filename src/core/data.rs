@@ -7,6 +7,14 @@
 //! for size and blocks while a writer has the file open (writes may bypass
 //! the daemon entirely under passthrough); the inode record is brought up to
 //! date when the last writer closes, and after a crash from the `W` markers.
+//!
+//! Access times: the filesystem under the volume keeps each backing file's
+//! atime at the sentinel 0 until a read (by the kernel under passthrough, or
+//! by the daemon) moves it to the time of that read; the core turns that
+//! into the inode's atime under the mount's rules and sets the sentinel back
+//! (see `Fs::observe_reads`). Backing files are therefore opened without
+//! `O_NOATIME`, and the filesystem under the volume must not be mounted
+//! `noatime` for reads through passthrough to update access times.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -32,14 +40,28 @@ impl DataStore {
 
     /// Opens (creating if missing) the backing file of `ino` read-write.
     pub fn open(&self, ino: u64) -> io::Result<File> {
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOATIME)
-            .open(self.path(ino))
+        let path = self.path(ino);
+        let open = |create: bool| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(create)
+                .mode(0o600)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(&path)
+        };
+        match open(false) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => match open(true) {
+                Ok(f) => {
+                    arm_atime(&f)?;
+                    Ok(f)
+                }
+                // Created meanwhile by another open of the same inode.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => open(false),
+                Err(e) => Err(e),
+            },
+            other => other,
+        }
     }
 
     /// Size and 512-byte blocks of the backing file; a missing one is empty.
@@ -50,4 +72,12 @@ impl DataStore {
             Err(e) => Err(e),
         }
     }
+}
+
+/// Sets a backing file's atime to the sentinel 0 (mtime untouched): the
+/// next read moves it (see the module comment).
+pub fn arm_atime(f: &File) -> io::Result<()> {
+    let zero = nix::sys::time::TimeSpec::new(0, 0);
+    nix::sys::stat::futimens(f, &zero, &nix::sys::time::TimeSpec::UTIME_OMIT)
+        .map_err(io::Error::from)
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::{CoreError, Ctx, Fs, Result};
-use crate::format::inode::{S_IFREG, Timestamp};
+use crate::format::inode::{S_IFMT, S_IFREG, Timestamp};
 
 #[derive(Clone, Copy, Debug)]
 pub struct OpenMode {
@@ -50,9 +50,11 @@ impl Fs {
     /// file, as a truncate does. (The FUSE adapter does not negotiate
     /// ATOMIC_O_TRUNC, so there the kernel truncates with a SETATTR instead.)
     pub fn open_as(&self, ctx: &Ctx, ino: u64, mode: OpenMode) -> Result<Arc<Handle>> {
-        if mode.write || mode.truncate {
-            self.writable()?;
-        }
+        let _space = if mode.write || mode.truncate {
+            Some(self.writable()?)
+        } else {
+            None
+        };
         let mut st = self.state.lock();
         let mut inode = self.inode(&mut st, ino)?;
         if inode.is_dir() {
@@ -70,23 +72,23 @@ impl Fs {
             inode.blocks = 0;
             inode.mtime = now;
             inode.ctime = now;
-            if inode.mode & (libc::S_ISUID | libc::S_ISGID) != 0
-                && !ctx.has_cap(super::creds::CAP_FSETID)
-            {
-                inode.mode &= !libc::S_ISUID;
-                if inode.mode & libc::S_IXGRP != 0 {
-                    inode.mode &= !libc::S_ISGID;
-                }
-            }
+            inode.mode &= !kill_set_ids(ctx, inode.mode, inode.gid);
             self.put_inode(&mut st, &mut w, ino, inode);
         }
         let o = st.open.entry(ino).or_default();
         o.handles += 1;
+        let first = o.any.is_none();
+        o.any.get_or_insert_with(|| Arc::clone(&file));
         if mode.write {
             if o.writers == 0 {
                 o.backing = Some(Arc::clone(&file));
             }
             o.writers += 1;
+        }
+        if first {
+            // Reads made while nobody had it open (through a mapping kept
+            // after close), and arm the backing file for this open's reads.
+            self.observe_reads(&mut st, ino, &file);
         }
         drop(st);
         self.commit(w)?;
@@ -157,7 +159,8 @@ impl Fs {
         if !h.writable {
             return Err(CoreError::BadHandle);
         }
-        self.writable()?;
+        // Data only: no metadata to admit, but no writes while commits fail.
+        self.store.healthy()?;
         h.file.write_all_at(data, offset)?;
         Ok(data.len() as u32)
     }
@@ -187,6 +190,7 @@ impl Fs {
         }
         if last {
             st.open.remove(&h.ino);
+            self.observe_reads(&mut st, h.ino, &h.file);
         }
         self.commit(w)?;
         if last {
@@ -208,15 +212,19 @@ impl Fs {
 
     /// `fallocate`; mode 0 (allocate, extending size) and the keep-size,
     /// punch-hole and zero-range modes the backing filesystem supports.
-    pub fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> Result<()> {
+    /// Like a write, it drops set-user-ID and set-group-ID for a caller
+    /// without CAP_FSETID (the kernel does that itself for writes and
+    /// truncates of FUSE files, not for fallocate).
+    pub fn fallocate(&self, ctx: &Ctx, fh: u64, offset: u64, length: u64, mode: i32) -> Result<()> {
         let h = self.handle(fh)?;
-        self.writable()?;
+        let _space = self.writable()?;
         let flags = nix::fcntl::FallocateFlags::from_bits(mode).ok_or(CoreError::NotSupported)?;
         nix::fcntl::fallocate(&*h.file, flags, offset as i64, length as i64)
             .map_err(std::io::Error::from)?;
         let mut st = self.state.lock();
         let mut inode = self.inode(&mut st, h.ino)?;
         self.reconcile(h.ino, &mut inode, Some(&h.file))?;
+        inode.mode &= !kill_set_ids(ctx, inode.mode, inode.gid);
         inode.ctime = Timestamp::now();
         if mode & libc::FALLOC_FL_KEEP_SIZE == 0 {
             inode.mtime = inode.ctime;
@@ -238,4 +246,22 @@ impl Fs {
         };
         Ok(nix::unistd::lseek(&*h.file, offset, w).map_err(std::io::Error::from)?)
     }
+}
+
+/// The set-id bits a change of a regular file's contents by `ctx` clears
+/// (the kernel's `setattr_should_drop_suidgid`): none for a caller with
+/// CAP_FSETID; otherwise set-user-ID, and set-group-ID when the file is
+/// group-executable or the caller is not in its group.
+fn kill_set_ids(ctx: &Ctx, mode: u32, gid: u32) -> u32 {
+    if mode & S_IFMT != S_IFREG
+        || mode & (libc::S_ISUID | libc::S_ISGID) == 0
+        || ctx.has_cap(super::creds::CAP_FSETID)
+    {
+        return 0;
+    }
+    let mut kill = libc::S_ISUID;
+    if mode & libc::S_ISGID != 0 && (mode & libc::S_IXGRP != 0 || !ctx.in_group(gid)) {
+        kill |= libc::S_ISGID;
+    }
+    kill
 }

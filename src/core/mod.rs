@@ -17,7 +17,6 @@ mod data;
 pub mod error;
 mod files;
 mod namespace;
-mod reserve;
 mod store;
 pub mod tiers;
 pub mod volume;
@@ -38,7 +37,7 @@ pub use creds::Ctx;
 pub use error::{CoreError, Result};
 pub use files::{Handle, OpenMode};
 pub use namespace::{DirEntry, RenameFlags, SetAttr, TimeSet};
-pub use store::Failure;
+pub use store::{Failure, Health};
 
 use crate::format::inode::{Inode, Timestamp};
 use crate::format::keys;
@@ -46,7 +45,7 @@ use crate::format::superblock::{Counters, MountState, Superblock};
 use crate::format::xattrs::XattrSet;
 use crate::meta::{MetaStore, Write};
 use data::DataStore;
-use store::Store;
+use store::{Admit, HoldPolicy, Store, Ticket};
 use volume::Layout;
 
 /// Readdir cookies 1 and 2 are "." and ".."; real entries start here.
@@ -68,6 +67,10 @@ pub struct Attr {
     pub ctime: Timestamp,
     pub crtime: Timestamp,
     pub generation: u64,
+    /// A writer has the file open: its size and times can change where the
+    /// daemon does not see it (writes through a shared mapping under
+    /// passthrough), so the kernel should not keep these for long.
+    pub open_for_write: bool,
 }
 
 impl Attr {
@@ -86,6 +89,7 @@ impl Attr {
             ctime: i.ctime,
             crtime: i.crtime,
             generation: i.generation,
+            open_for_write: false,
         }
     }
 }
@@ -95,6 +99,11 @@ pub struct Options {
     pub commit_interval: Duration,
     /// Commit every operation before replying.
     pub sync: bool,
+    /// Commit every change to a directory (create, link, unlink, rename)
+    /// before replying.
+    pub dirsync: bool,
+    /// When reads update access times.
+    pub atime: Atime,
     /// Inodes kept decoded in memory, at most...
     pub inode_cache: usize,
     /// ...and at most this many bytes of them (attributes, inline and spill
@@ -108,9 +117,70 @@ impl Default for Options {
         Options {
             commit_interval: Duration::from_millis(5),
             sync: false,
+            dirsync: false,
+            atime: Atime::default(),
             inode_cache: 262_144,
             cache_bytes: 256 << 20,
             read_only: false,
+        }
+    }
+}
+
+/// Access-time updates, as the kernel's mount options define them. FUSE
+/// inodes are `S_NOATIME` in the kernel: the daemon keeps access times.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Atime {
+    pub mode: AtimeMode,
+    /// `nodiratime`: listing a directory leaves its atime alone.
+    pub no_dirs: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AtimeMode {
+    /// `noatime`: reads never update atime.
+    Never,
+    /// `relatime` (the kernel's default): a read updates atime when it is
+    /// not newer than mtime or ctime, or is a day old.
+    #[default]
+    Relative,
+    /// `strictatime`: every read updates atime.
+    Always,
+}
+
+impl Atime {
+    fn encode(self) -> u8 {
+        let mode = match self.mode {
+            AtimeMode::Never => 0,
+            AtimeMode::Relative => 1,
+            AtimeMode::Always => 2,
+        };
+        mode | (u8::from(self.no_dirs) << 2)
+    }
+
+    fn decode(v: u8) -> Atime {
+        Atime {
+            mode: match v & 3 {
+                0 => AtimeMode::Never,
+                2 => AtimeMode::Always,
+                _ => AtimeMode::Relative,
+            },
+            no_dirs: v & 4 != 0,
+        }
+    }
+
+    /// Whether a read at `at` of `inode` moves its atime there.
+    fn due(&self, inode: &Inode, at: Timestamp) -> bool {
+        if (inode.is_dir() && self.no_dirs) || at <= inode.atime {
+            return false;
+        }
+        match self.mode {
+            AtimeMode::Never => false,
+            AtimeMode::Always => true,
+            AtimeMode::Relative => {
+                inode.atime <= inode.mtime
+                    || inode.atime <= inode.ctime
+                    || at.sec - inode.atime.sec >= 24 * 3600
+            }
         }
     }
 }
@@ -139,6 +209,9 @@ struct OpenInode {
     /// A descriptor of the backing file while a writer has it open: the
     /// source of size and mtime until the last writer closes.
     backing: Option<Arc<File>>,
+    /// A descriptor of the backing file while any handle is open: where
+    /// reads show (see [`Fs::observe_reads`]).
+    any: Option<Arc<File>>,
 }
 
 struct State {
@@ -165,7 +238,8 @@ pub struct Fs {
     state: Mutex<State>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
-    reserve: Option<Arc<reserve::Reserve>>,
+    /// The mount's atime rules ([`Atime::encode`]); a remount changes them.
+    atime: std::sync::atomic::AtomicU8,
     closed: std::sync::atomic::AtomicBool,
 }
 
@@ -192,9 +266,16 @@ impl Fs {
                 ));
             }
         };
-        let reserve = (!opts.read_only).then(|| Arc::new(reserve::Reserve::new(&layout.root)));
-        let store = Store::new(engine, opts.commit_interval, reserve.clone());
+        // Builds before this one kept a `reserve` file instead of holding
+        // space inside the metadata file.
+        let _ = std::fs::remove_file(layout.root.join("reserve"));
+        let hold = (!opts.read_only).then(|| HoldPolicy {
+            target: hold_target(&layout.root),
+            inline_budget: sb.inline_bytes as usize,
+        });
+        let store = Store::new(engine, opts.commit_interval, hold);
         let cap = NonZeroUsize::new(opts.inode_cache.max(16)).expect("non-zero");
+        let atime = opts.atime.encode();
         let cache_budget = opts.cache_bytes;
         let fs = Fs {
             layout,
@@ -213,7 +294,7 @@ impl Fs {
             }),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
-            reserve,
+            atime: std::sync::atomic::AtomicU8::new(atime),
             closed: std::sync::atomic::AtomicBool::new(false),
         };
         fs.recover()?;
@@ -414,25 +495,46 @@ impl Fs {
         Ok(())
     }
 
-    /// Refuses changes that need space while the store cannot commit for
-    /// lack of it or its reserve is spent, and all changes on a read-only
-    /// mount.
-    fn writable(&self) -> Result<()> {
+    /// Admits a metadata change: refused on a read-only mount, while
+    /// commits fail, and unless the space its commit may need is held (see
+    /// `store`). Keep the ticket until the change is applied.
+    fn writable(&self) -> Result<Ticket<'_>> {
         if self.opts.read_only {
             return Err(CoreError::ReadOnly);
         }
-        if self.store.failure() == Some(Failure::NoSpace)
-            || self.reserve.as_ref().is_some_and(|r| r.is_released())
-        {
-            if let Some(r) = &self.reserve {
-                r.refill();
-                if !r.is_released() && self.store.failure() != Some(Failure::NoSpace) {
-                    return Ok(());
-                }
-            }
-            return Err(CoreError::NoSpace);
+        self.store.admit(Admit::Change)
+    }
+
+    /// [`Fs::writable`] for a removal, which may use the space kept back
+    /// from other changes: removing must work on a full disk.
+    fn removable(&self) -> Result<Ticket<'_>> {
+        if self.opts.read_only {
+            return Err(CoreError::ReadOnly);
         }
-        Ok(())
+        self.store.admit(Admit::Removal)
+    }
+
+    /// The mount's atime rules now.
+    pub fn atime(&self) -> Atime {
+        Atime::decode(self.atime.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// New atime rules (a remount changed the mount's options).
+    pub fn set_atime(&self, a: Atime) {
+        self.atime
+            .store(a.encode(), std::sync::atomic::Ordering::Relaxed);
+        tracing::info!(?a, "access-time rules changed");
+    }
+
+    /// What the group committer is doing: failures, records waiting, space.
+    pub fn health(&self) -> Health {
+        self.store.health()
+    }
+
+    /// Makes [`Fs::close`] give up on changes it cannot commit (a second
+    /// signal to a daemon whose final commit keeps failing).
+    pub fn abandon_final_commit(&self) {
+        self.store.abandon();
     }
 
     /// Deletes every record of `ino`; returns its backing file, which must
@@ -525,6 +627,61 @@ impl Fs {
         }
     }
 
+    /// Turns reads of `ino`'s backing file since it was last armed into
+    /// the inode's atime, under the mount's atime rules, and re-arms it.
+    /// The filesystem under the volume moved the backing file's atime from
+    /// the sentinel 0 to the time of a read (see `data`).
+    fn observe_reads(&self, st: &mut State, ino: u64, file: &File) {
+        use std::os::unix::fs::MetadataExt;
+        if self.opts.read_only || self.atime().mode == AtimeMode::Never {
+            return;
+        }
+        let res = file.metadata().and_then(|meta| {
+            if meta.atime() == 0 && meta.atime_nsec() == 0 {
+                return Ok(None);
+            }
+            data::arm_atime(file)?;
+            Ok(Some(Timestamp {
+                sec: meta.atime(),
+                nsec: meta.atime_nsec() as u32,
+            }))
+        });
+        let res = match res {
+            Ok(Some(at)) => self.touch_atime(st, ino, at),
+            Ok(None) => Ok(()),
+            Err(e) => Err(e.into()),
+        };
+        // An access time is not worth failing the request that noticed it.
+        if let Err(e) = res {
+            tracing::warn!(ino, error = %e, "cannot update an access time");
+        }
+    }
+
+    /// Moves `ino`'s atime to `at` if the mount's rules say a read then
+    /// does. Not while commits fail (an access time is not worth an error).
+    fn touch_atime(&self, st: &mut State, ino: u64, at: Timestamp) -> Result<()> {
+        let rules = self.atime();
+        let c = self.load(st, ino)?;
+        if !rules.due(&c.inode, at) || self.store.healthy().is_err() {
+            return Ok(());
+        }
+        let mut inode = c.inode.clone();
+        inode.atime = at;
+        let mut w = Vec::new();
+        self.put_inode(st, &mut w, ino, inode);
+        self.commit(w)
+    }
+
+    /// A listing of directory `ino` began (readdir from offset 0): its
+    /// access time, under the mount's rules (`nodiratime` among them).
+    pub fn note_dir_read(&self, ino: u64) -> Result<()> {
+        if self.opts.read_only || self.atime().mode == AtimeMode::Never {
+            return Ok(());
+        }
+        let mut st = self.state.lock();
+        self.touch_atime(&mut st, ino, Timestamp::now())
+    }
+
     /// Brings a regular file's size, blocks and mtime up to date from its
     /// backing file (`file` if open, else looked up by inode number).
     fn reconcile(&self, ino: u64, inode: &mut Inode, file: Option<&File>) -> Result<()> {
@@ -540,6 +697,16 @@ impl Fs {
         }
         Ok(())
     }
+}
+
+/// Space the metadata engine keeps allocated ahead of its commits on the
+/// filesystem under the volume at `root`: 1/64 of it, between 4 and 16 MiB
+/// (admission asks for more when a burst needs it).
+fn hold_target(root: &Path) -> u64 {
+    let size = nix::sys::statvfs::statvfs(root)
+        .map(|v| v.blocks().saturating_mul(v.fragment_size()))
+        .unwrap_or(0);
+    (size / 64).clamp(4 << 20, 16 << 20)
 }
 
 /// What a cache entry is charged against the byte budget.

@@ -85,7 +85,12 @@ impl Fs {
             let inode = work.inodes.remove(&ino).expect("dirty inode loaded");
             self.put_inode(st, &mut work.writes, ino, inode);
         }
-        self.commit(work.writes)
+        // Only directory changes finish here: `dirsync` makes them durable.
+        let seq = self.store.apply(work.writes);
+        if self.opts.sync || self.opts.dirsync {
+            self.store.wait_durable(seq)?;
+        }
+        Ok(())
     }
 
     fn dirent(&self, parent: u64, name: &[u8]) -> Result<Option<Dirent>> {
@@ -109,6 +114,31 @@ impl Fs {
     ) {
         let cookie = parent.next_cookie.max(FIRST_COOKIE);
         parent.next_cookie = cookie + 1;
+        let dk = keys::dirent(parent_ino, name);
+        let d = Dirent { ino, kind, cookie };
+        work.writes.push((dk.clone(), Some(d.encode(&dk))));
+        let ck = keys::dir_index(parent_ino, cookie);
+        let e = IndexEntry {
+            ino,
+            kind,
+            name: name.to_vec(),
+        };
+        work.writes.push((ck.to_vec(), Some(e.encode(&ck))));
+    }
+
+    /// Writes entry `name` of `parent_ino` at `cookie`, naming `ino`: a
+    /// rename within one directory and an exchange keep the cookie, so a
+    /// listing under way sees the entry once, never again at the end (a
+    /// directory renamed into and out of while listed would never end).
+    fn put_entry_at(
+        &self,
+        work: &mut Work,
+        parent_ino: u64,
+        name: &[u8],
+        cookie: u64,
+        ino: u64,
+        kind: u8,
+    ) {
         let dk = keys::dirent(parent_ino, name);
         let d = Dirent { ino, kind, cookie };
         work.writes.push((dk.clone(), Some(d.encode(&dk))));
@@ -159,7 +189,10 @@ impl Fs {
         }
         let mut st = self.state.lock();
         let p = self.inode(&mut st, parent)?;
-        if !p.is_dir() {
+        // "." of any inode is the inode itself: the kernel looks up "." in
+        // a node id to open an NFS file handle (`open_by_handle_at`) whose
+        // inode it no longer caches (FUSE_EXPORT_SUPPORT).
+        if !p.is_dir() && name != b"." {
             return Err(CoreError::NotDir);
         }
         let ino = match name {
@@ -178,6 +211,9 @@ impl Fs {
     }
 
     pub(super) fn attr_locked(&self, st: &mut State, ino: u64) -> Result<Attr> {
+        if let Some(f) = st.open.get(&ino).and_then(|o| o.any.clone()) {
+            self.observe_reads(st, ino, &f);
+        }
         let backing = st.open.get(&ino).and_then(|o| o.backing.clone());
         let c = self.load(st, ino)?;
         match backing {
@@ -185,14 +221,17 @@ impl Fs {
             Some(f) => {
                 let mut inode = c.inode.clone();
                 self.reconcile(ino, &mut inode, Some(&f))?;
-                Ok(Attr::of(ino, &inode))
+                Ok(Attr {
+                    open_for_write: true,
+                    ..Attr::of(ino, &inode)
+                })
             }
             None => Ok(Attr::of(ino, &c.inode)),
         }
     }
 
     pub fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr) -> Result<Attr> {
-        self.writable()?;
+        let _space = self.writable()?;
         let _ = ctx;
         let mut st = self.state.lock();
         let mut inode = self.inode(&mut st, ino)?;
@@ -298,7 +337,7 @@ impl Fs {
         rdev: u32,
         target: Option<&[u8]>,
     ) -> Result<Attr> {
-        self.writable()?;
+        let _space = self.writable()?;
         check_name(name)?;
         if let Some(t) = target {
             if t.is_empty() {
@@ -426,7 +465,7 @@ impl Fs {
     }
 
     pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
-        self.writable()?;
+        let _space = self.writable()?;
         check_name(newname)?;
         let mut st = self.state.lock();
         let mut work = Work::new();
@@ -482,12 +521,10 @@ impl Fs {
     }
 
     fn remove(&self, parent: u64, name: &[u8], dir: bool) -> Result<()> {
-        if self.opts.read_only {
-            return Err(CoreError::ReadOnly);
-        }
         if name.len() > crate::format::NAME_MAX {
             return Err(CoreError::NameTooLong);
         }
+        let _space = self.removable()?;
         let mut st = self.state.lock();
         let mut work = Work::new();
         if !self.w_get(&mut st, &mut work, parent)?.is_dir() {
@@ -524,7 +561,7 @@ impl Fs {
         newname: &[u8],
         flags: RenameFlags,
     ) -> Result<()> {
-        self.writable()?;
+        let _space = self.writable()?;
         check_name(newname)?;
         if name.len() > crate::format::NAME_MAX {
             return Err(CoreError::NameTooLong);
@@ -548,14 +585,10 @@ impl Fs {
             if src.ino == dst.ino {
                 return Ok(());
             }
-            self.remove_entry(&mut work, parent, name, &src);
-            self.remove_entry(&mut work, newparent, newname, &dst);
-            let mut p = self.w_get(&mut st, &mut work, parent)?.clone();
-            self.add_entry(&mut work, &mut p, parent, name, dst.ino, dst.kind);
-            work.inodes.insert(parent, p);
-            let mut np = self.w_get(&mut st, &mut work, newparent)?.clone();
-            self.add_entry(&mut work, &mut np, newparent, newname, src.ino, src.kind);
-            work.inodes.insert(newparent, np);
+            // The names stay where they are, each at its cookie; only the
+            // inodes they name change places.
+            self.put_entry_at(&mut work, parent, name, src.cookie, dst.ino, dst.kind);
+            self.put_entry_at(&mut work, newparent, newname, dst.cookie, src.ino, src.kind);
             if parent != newparent {
                 let delta = i64::from(is_dir(src.kind)) - i64::from(is_dir(dst.kind));
                 let p = self.w_get(&mut st, &mut work, parent)?;
@@ -594,9 +627,14 @@ impl Fs {
                 self.drop_link(&mut st, &mut work, dst.ino, now)?;
             }
             self.remove_entry(&mut work, parent, name, &src);
-            let mut np = self.w_get(&mut st, &mut work, newparent)?.clone();
-            self.add_entry(&mut work, &mut np, newparent, newname, src.ino, src.kind);
-            work.inodes.insert(newparent, np);
+            if parent == newparent {
+                // Same directory: the entry keeps its place in listings.
+                self.put_entry_at(&mut work, parent, newname, src.cookie, src.ino, src.kind);
+            } else {
+                let mut np = self.w_get(&mut st, &mut work, newparent)?.clone();
+                self.add_entry(&mut work, &mut np, newparent, newname, src.ino, src.kind);
+                work.inodes.insert(newparent, np);
+            }
             if is_dir(src.kind) && parent != newparent {
                 let p = self.w_get(&mut st, &mut work, parent)?;
                 p.nlink = p.nlink.saturating_sub(1);

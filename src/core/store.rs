@@ -15,18 +15,39 @@
 //! that order (overlay before engine): a commit that finishes between the two
 //! steps only moves a value from the overlay into the engine, never out of
 //! sight.
+//!
+//! Space: a change is acknowledged only while the engine holds the disk
+//! space its commit may need ([`MetaStore::hold`]), so that a disk filled by
+//! anyone else cannot make an acknowledged batch uncommittable. Each
+//! operation that changes metadata is first admitted ([`Store::admit`]),
+//! which promises it the most one operation can need; what is pending and
+//! committing is counted at its worst case ([`MetaStore::write_bound`]).
+//! When the promise does not fit what is held, admission asks the engine to
+//! hold more; if the disk cannot give it, it waits for the batches under way
+//! to commit (the bound is a worst case: commits usually need far less) and
+//! then refuses the change with ENOSPC. Removals may use the last
+//! [`REMOVAL_OPS`] operations' worth, which changes may not, so that space
+//! can always be freed. The committer tops the hold up after each commit,
+//! off the request path.
+//!
+//! Failure contract: if a commit fails anyway (an I/O error, a filesystem
+//! that does not honour preallocation), the batch stays pending and is
+//! retried until it commits; meanwhile every new change is refused (ENOSPC
+//! or EIO), `fsync` fails, the log says so at error level and
+//! [`Store::health`] reports how many changes wait. [`Store::close`] does
+//! not return while changes wait, unless told to give up ([`Store::abandon`]).
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
 use super::error::{CoreError, Result};
-use super::reserve::Reserve;
 use crate::meta::{MetaError, MetaStore, Write};
 
 type Map = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
@@ -40,6 +61,22 @@ const EAGER_BYTES: usize = 8 << 20;
 /// 64 KiB xattrs at full speed does not grow the daemon (256 MiB here let
 /// it reach 1.5 GiB in bench T1).
 const MAX_PENDING_BYTES: usize = 4 * EAGER_BYTES;
+/// Removals may use the space of this many operations that changes may not.
+pub const REMOVAL_OPS: u64 = 2;
+/// The longest an admission waits for batches under way to free its way.
+const ADMIT_WAIT: Duration = Duration::from_secs(2);
+/// Longest key safs writes (a prefix, an inode number and a 255-byte name).
+const KEY_MAX: usize = 512;
+
+/// How much space the store keeps held ahead of its commits.
+#[derive(Clone, Copy, Debug)]
+pub struct HoldPolicy {
+    /// Held after each commit when the disk allows (the committer tops up
+    /// to it); admission asks for more when it needs more.
+    pub target: u64,
+    /// The volume's inline xattr budget: an inode record's largest size.
+    pub inline_budget: usize,
+}
 
 struct Overlay {
     pending: Map,
@@ -60,7 +97,74 @@ struct Overlay {
     urgent: bool,
     /// The last commit failed; cleared by the next success.
     failure: Option<Failure>,
+    /// When commits started failing, and what the last error said.
+    failing_since: Option<Instant>,
+    failure_logged: Option<Instant>,
+    last_error: String,
     shutdown: bool,
+    /// Worst-case bytes committing `pending` may allocate: the sum of
+    /// [`MetaStore::write_bound`] over its writes.
+    pending_need: u64,
+    /// The same for `committing`.
+    committing_need: u64,
+    /// Bytes promised to admitted operations not yet applied.
+    promised: u64,
+    /// What the engine held when last asked, under this lock (so that a
+    /// commit finishing meanwhile is never counted twice in its favour).
+    held: u64,
+}
+
+impl Overlay {
+    /// Worst-case bytes everything accepted so far may still allocate.
+    fn need(&self, batch_bound: u64) -> u64 {
+        let writes = self.pending_need + self.committing_need;
+        writes + writes / 512 + 2 * batch_bound + self.promised
+    }
+
+    /// The pending batch is large enough to commit without waiting.
+    fn due_by_size(&self) -> bool {
+        self.pending_bytes > EAGER_BYTES || self.pending_need > self.held / 4
+    }
+}
+
+/// What [`Store::admit`] is asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admit {
+    /// A change that may take space (create, set, rename, write...).
+    Change,
+    /// A removal: it frees space, and may use what changes may not.
+    Removal,
+}
+
+/// An admitted operation's promise of space; released on drop, by which
+/// time the operation has applied its writes (or given up).
+#[must_use]
+pub struct Ticket<'a> {
+    store: &'a Store,
+    bytes: u64,
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        let mut ov = self.store.overlay.lock();
+        debug_assert!(ov.promised >= self.bytes, "space promised twice");
+        ov.promised -= self.bytes.min(ov.promised);
+    }
+}
+
+/// What the store is doing, for `safs info`.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Health {
+    /// Set while commits fail: `"no space"` or `"I/O error"`, and the error.
+    pub failure: Option<String>,
+    /// Seconds since commits started failing.
+    pub failing_for_s: u64,
+    /// Changes (records) accepted and not yet durable.
+    pub waiting_records: u64,
+    /// Disk space the engine holds ahead of its commits, bytes.
+    pub held_bytes: u64,
+    /// Worst case of what is accepted and not yet committed, bytes.
+    pub need_bytes: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,15 +182,33 @@ pub struct Store {
     done: Condvar,
     interval: Duration,
     committer: Mutex<Option<JoinHandle<()>>>,
-    reserve: Option<Arc<Reserve>>,
+    /// `None` on read-only mounts (nothing to hold).
+    hold: Option<HoldPolicy>,
+    /// [`Store::close`] gives up on changes it cannot commit.
+    abandon: AtomicBool,
+}
+
+impl From<Failure> for CoreError {
+    fn from(f: Failure) -> CoreError {
+        match f {
+            Failure::NoSpace => CoreError::NoSpace,
+            Failure::Io => CoreError::Io(std::io::Error::from_raw_os_error(libc::EIO)),
+        }
+    }
 }
 
 impl Store {
     pub fn new(
         engine: Arc<dyn MetaStore>,
         interval: Duration,
-        reserve: Option<Arc<Reserve>>,
+        hold: Option<HoldPolicy>,
     ) -> Arc<Self> {
+        if let Some(h) = hold {
+            if let Err(e) = engine.hold(h.target) {
+                tracing::warn!(error = %e, bytes = h.target, "cannot hold space for metadata commits ahead (disk full?); changes will be refused until space is freed");
+            }
+        }
+        let held = engine.held();
         let store = Arc::new(Store {
             engine,
             overlay: Mutex::new(Overlay {
@@ -99,13 +221,21 @@ impl Store {
                 durable_seq: 0,
                 urgent: false,
                 failure: None,
+                failing_since: None,
+                failure_logged: None,
+                last_error: String::new(),
                 shutdown: false,
+                pending_need: 0,
+                committing_need: 0,
+                promised: 0,
+                held,
             }),
             work: Condvar::new(),
             done: Condvar::new(),
             interval,
             committer: Mutex::new(None),
-            reserve,
+            hold,
+            abandon: AtomicBool::new(false),
         });
         let s = Arc::clone(&store);
         let handle = std::thread::Builder::new()
@@ -212,16 +342,124 @@ impl Store {
         }
         for (k, v) in writes {
             ov.pending_bytes += k.len() + v.as_ref().map_or(0, Vec::len);
-            ov.pending.insert(k, v);
+            let bound = self.engine.write_bound(k.len(), v.as_ref().map(Vec::len));
+            let key_len = k.len();
+            if let Some(old) = ov.pending.insert(k, v) {
+                let old = self.engine.write_bound(key_len, old.as_ref().map(Vec::len));
+                ov.pending_need -= old.min(ov.pending_need);
+            }
+            ov.pending_need += bound;
         }
         ov.applied_seq += 1;
         if ov.pending_since.is_none() {
             ov.pending_since = Some(Instant::now());
             self.work.notify_one();
-        } else if ov.pending_bytes > EAGER_BYTES {
+        } else if ov.due_by_size() {
             self.work.notify_one();
         }
         ov.applied_seq
+    }
+
+    /// The most one operation's writes can need (see [`Admit`]): a dozen
+    /// records of an inode's size and two 64 KiB xattr values.
+    fn op_bound(&self, h: &HoldPolicy) -> u64 {
+        12 * self
+            .engine
+            .write_bound(KEY_MAX, Some(h.inline_budget + 1024))
+            + 2 * self.engine.write_bound(KEY_MAX, Some(65_536 + 256))
+    }
+
+    /// Admits one operation that will change metadata: refused while
+    /// commits fail, and unless the space its commit may need is held (see
+    /// the module comment). Hold the ticket until the operation's writes
+    /// are applied.
+    pub fn admit(&self, kind: Admit) -> Result<Ticket<'_>> {
+        let Some(h) = self.hold else {
+            return Ok(Ticket {
+                store: self,
+                bytes: 0,
+            });
+        };
+        let op = self.op_bound(&h);
+        let floor = match kind {
+            Admit::Change => REMOVAL_OPS * op,
+            Admit::Removal => 0,
+        };
+        let batch = self.engine.batch_bound();
+        let deadline = Instant::now() + ADMIT_WAIT;
+        let mut ov = self.overlay.lock();
+        loop {
+            if let Some(f) = ov.failure {
+                return Err(f.into());
+            }
+            let want = ov.need(batch) + op + floor;
+            if want <= ov.held {
+                ov.promised += op;
+                return Ok(Ticket {
+                    store: self,
+                    bytes: op,
+                });
+            }
+            // Ask for more, without the overlay lock (fallocate takes time);
+            // what is held is read again under it.
+            drop(ov);
+            let grown = self.engine.hold(want.max(h.target));
+            ov = self.overlay.lock();
+            ov.held = self.engine.held();
+            if grown.is_ok() {
+                continue;
+            }
+            // The disk has no more to give. Batches under way are counted at
+            // their worst case; once committed they usually free most of it.
+            let under_way = !ov.pending.is_empty() || !ov.committing.is_empty();
+            if under_way && Instant::now() < deadline {
+                ov.urgent = true;
+                self.work.notify_one();
+                self.done.wait_for(&mut ov, Duration::from_millis(50));
+                continue;
+            }
+            if ov.need(batch) + op + floor > ov.held {
+                tracing::debug!(
+                    held = ov.held,
+                    need = ov.need(batch),
+                    "change refused: not enough space held for its commit"
+                );
+                return Err(CoreError::NoSpace);
+            }
+        }
+    }
+
+    /// Refuses new changes while commits fail (for paths that change data,
+    /// not metadata).
+    pub fn healthy(&self) -> Result<()> {
+        match self.overlay.lock().failure {
+            Some(f) => Err(f.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Commits waiting, failures, and the space held, for `safs info`.
+    pub fn health(&self) -> Health {
+        let ov = self.overlay.lock();
+        Health {
+            failure: ov.failure.map(|f| {
+                let what = match f {
+                    Failure::NoSpace => "no space",
+                    Failure::Io => "I/O error",
+                };
+                format!("{what}: {}", ov.last_error)
+            }),
+            failing_for_s: ov.failing_since.map_or(0, |t| t.elapsed().as_secs()),
+            waiting_records: (ov.pending.len() + ov.committing.len()) as u64,
+            held_bytes: ov.held,
+            need_bytes: ov.need(self.engine.batch_bound()),
+        }
+    }
+
+    /// Makes [`Store::close`] give up on changes it cannot commit.
+    pub fn abandon(&self) {
+        self.abandon.store(true, Ordering::SeqCst);
+        self.done.notify_all();
     }
 
     /// [`Store::apply`], then deletes `unlink` once those writes are durable.
@@ -246,10 +484,7 @@ impl Store {
         let mut ov = self.overlay.lock();
         while ov.durable_seq < seq {
             if let Some(f) = ov.failure {
-                return Err(match f {
-                    Failure::NoSpace => CoreError::NoSpace,
-                    Failure::Io => CoreError::Io(std::io::Error::from_raw_os_error(libc::EIO)),
-                });
+                return Err(f.into());
             }
             ov.urgent = true;
             self.work.notify_one();
@@ -264,14 +499,29 @@ impl Store {
         self.wait_durable(seq)
     }
 
-    /// The failure of the last commit, if it failed.
-    pub fn failure(&self) -> Option<Failure> {
-        self.overlay.lock().failure
-    }
-
-    /// Writes what is pending and stops the committer.
+    /// Writes what is pending and stops the committer. While commits fail
+    /// it keeps retrying, saying so in the log, until they succeed or
+    /// [`Store::abandon`] is called; then the error is returned.
     pub fn close(&self) -> Result<()> {
-        let res = self.sync();
+        let mut said = None::<Instant>;
+        let res = loop {
+            match self.sync() {
+                Ok(()) => break Ok(()),
+                Err(e) => {
+                    let waiting = self.health().waiting_records;
+                    if self.abandon.load(Ordering::SeqCst) {
+                        tracing::error!(error = %e, records = waiting, "final commit failed and was abandoned: these acknowledged changes are lost");
+                        break Err(e);
+                    }
+                    if said.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                        tracing::error!(error = %e, records = waiting, "final commit failed; retrying until it succeeds (free space under the volume; signal the daemon again to give up and lose these changes)");
+                        said = Some(Instant::now());
+                    }
+                    let mut ov = self.overlay.lock();
+                    self.done.wait_for(&mut ov, Duration::from_millis(200));
+                }
+            }
+        };
         self.overlay.lock().shutdown = true;
         self.work.notify_all();
         if let Some(h) = self.committer.lock().take() {
@@ -303,10 +553,7 @@ impl Store {
                 } else {
                     Duration::ZERO
                 };
-                if (ov.urgent
-                    || ov.shutdown
-                    || ov.pending_bytes > EAGER_BYTES
-                    || age >= self.interval)
+                if (ov.urgent || ov.shutdown || ov.due_by_size() || age >= self.interval)
                     && age >= backoff
                 {
                     break;
@@ -317,6 +564,7 @@ impl Store {
             let batch = Arc::new(std::mem::take(&mut ov.pending));
             let unlinks = std::mem::take(&mut ov.pending_unlinks);
             ov.committing = Arc::clone(&batch);
+            ov.committing_need = std::mem::take(&mut ov.pending_need);
             ov.pending_bytes = 0;
             ov.pending_since = None;
             ov.urgent = false;
@@ -332,12 +580,19 @@ impl Store {
             ov = self.overlay.lock();
             match res {
                 Ok(()) => {
-                    if let Some(r) = self.reserve.as_ref().filter(|r| r.is_released()) {
-                        r.refill();
+                    if ov.failure.take().is_some() {
+                        tracing::info!(
+                            failed_for_s = ov.failing_since.map_or(0, |t| t.elapsed().as_secs()),
+                            "metadata commits succeed again"
+                        );
                     }
+                    ov.failing_since = None;
+                    ov.failure_logged = None;
+                    ov.last_error.clear();
                     ov.durable_seq = seq;
-                    ov.failure = None;
                     ov.committing = Arc::new(Map::new());
+                    ov.committing_need = 0;
+                    ov.held = self.engine.held();
                     for path in &unlinks {
                         match std::fs::remove_file(path) {
                             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -348,16 +603,24 @@ impl Store {
                     }
                 }
                 Err(e) => {
-                    // Out of space: give the engine the reserve and retry at once.
-                    let retry_now = matches!(e, MetaError::NoSpace)
-                        && self.reserve.as_ref().is_some_and(|r| r.release());
-                    if !retry_now {
-                        tracing::error!(error = %e, writes = batch.len(), "metadata commit failed; will retry");
-                    }
-                    ov.failure = Some(match e {
+                    let failure = match e {
                         MetaError::NoSpace => Failure::NoSpace,
                         _ => Failure::Io,
-                    });
+                    };
+                    let message = e.to_string();
+                    ov.failing_since.get_or_insert_with(Instant::now);
+                    // When it starts, when the error changes, then once a
+                    // minute: the batch is retried every 200 ms.
+                    if message != ov.last_error
+                        || ov
+                            .failure_logged
+                            .is_none_or(|t| t.elapsed() >= Duration::from_secs(60))
+                    {
+                        tracing::error!(error = %e, records = batch.len() + ov.pending.len(), "metadata commit failed: new changes are refused, the batch is retried until it commits");
+                        ov.failure_logged = Some(Instant::now());
+                    }
+                    ov.last_error = message;
+                    ov.failure = Some(failure);
                     // Put the batch back under anything newer.
                     let mut newer = std::mem::take(&mut ov.pending);
                     let mut restored = (*batch).clone();
@@ -372,10 +635,8 @@ impl Store {
                     ov.pending_unlinks.append(&mut newer_unlinks);
                     ov.pending_since = Some(Instant::now());
                     ov.committing = Arc::new(Map::new());
-                    if retry_now {
-                        ov.failure = None;
-                        ov.urgent = true;
-                    }
+                    ov.pending_need += std::mem::take(&mut ov.committing_need);
+                    ov.held = self.engine.held();
                     if ov.shutdown {
                         self.done.notify_all();
                         return;
@@ -383,6 +644,16 @@ impl Store {
                 }
             }
             self.done.notify_all();
+            // Top the hold up for the next batches, off the request path
+            // (after a failure too: space may have come back).
+            if let Some(h) = self.hold {
+                if ov.held < h.target / 2 {
+                    drop(ov);
+                    let _ = self.engine.hold(h.target);
+                    ov = self.overlay.lock();
+                    ov.held = self.engine.held();
+                }
+            }
         }
     }
 }

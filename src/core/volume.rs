@@ -58,7 +58,8 @@ pub enum VolumeError {
     NewerFormat { found: u32 },
     #[error("volume uses features this safs does not know ({0:#x}); upgrade safs")]
     UnknownFeatures(u64),
-    #[error("volume is already mounted (daemon pid {0})")]
+    /// Another process holds the volume's lock: says who and where.
+    #[error("{0}")]
     Busy(String),
 }
 
@@ -265,6 +266,11 @@ pub struct VolumeLock {
 
 /// How long `acquire` waits for an unmounted daemon to finish and exit.
 pub const STOPPING_DAEMON_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long a wait for a stopping daemon stays silent.
+const QUIET_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+/// How long a holder that has not written its pid (or has just cleared it)
+/// is given before the lock counts as busy.
+const HOLDER_SETTLING: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl VolumeLock {
     pub fn acquire(layout: &Layout) -> Result<Self, VolumeError> {
@@ -277,24 +283,32 @@ impl VolumeLock {
             .mode(0o600)
             .open(&path)
             .map_err(io_err(&path))?;
-        let deadline = std::time::Instant::now() + STOPPING_DAEMON_WAIT;
+        let start = std::time::Instant::now();
         let mut told = false;
         let mut file = loop {
             match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
                 Ok(locked) => break locked,
                 Err((f, nix::errno::Errno::EWOULDBLOCK)) => {
                     let holder = Holder::read(layout);
-                    if !holder.is_stopping(&layout.root) || std::time::Instant::now() >= deadline {
-                        return Err(VolumeError::Busy(holder.pid));
+                    let waited = start.elapsed();
+                    // An empty lock file: its holder is between taking the
+                    // lock and writing its pid, or between clearing it and
+                    // exiting. Either way it is a matter of moments.
+                    let passing = holder.pid.is_empty() && waited < HOLDER_SETTLING;
+                    let stopping =
+                        holder.is_stopping(&layout.root) && waited < STOPPING_DAEMON_WAIT;
+                    if !passing && !stopping {
+                        return Err(VolumeError::Busy(holder.describe(&layout.root)));
                     }
-                    if !told {
+                    // Quiet unless it takes long: `umount; mount` is routine.
+                    if stopping && !told && waited >= QUIET_WAIT {
                         eprintln!(
                             "safs: waiting for the unmounted daemon (pid {}) to finish its last commit",
                             holder.pid
                         );
                         told = true;
                     }
-                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    std::thread::sleep(std::time::Duration::from_millis(10));
                     file = f;
                 }
                 Err((_, e)) => {
@@ -352,6 +366,39 @@ impl Holder {
     fn is_stopping(&self, dir: &Path) -> bool {
         self.mounted && !is_mounted(dir)
     }
+
+    /// Who holds the lock, for a "busy" message: the daemon's pid and where
+    /// the volume is mounted.
+    fn describe(&self, dir: &Path) -> String {
+        let pid = if self.pid.is_empty() {
+            "unknown pid".to_string()
+        } else {
+            format!("pid {}", self.pid)
+        };
+        match mountpoint_of(dir) {
+            Some(m) => format!("already mounted on {} (daemon {pid})", m.display()),
+            None if self.mounted => format!("already mounted (daemon {pid})"),
+            None => format!("in use by process {pid} (a mount starting, or safs fsck)"),
+        }
+    }
+}
+
+/// The volume of the safs mount at `mnt` (canonical), if it is one.
+pub fn volume_of_mount(mnt: &Path) -> Option<PathBuf> {
+    let table = crate::mountinfo::read().ok()?;
+    crate::mountinfo::mounted_at(&table, mnt)
+        .filter(|m| m.fstype == "fuse.safs")
+        .map(|m| m.source.clone())
+}
+
+/// Where the volume at `dir` is mounted, if it is (in this namespace).
+pub fn mountpoint_of(dir: &Path) -> Option<PathBuf> {
+    let dir = fs::canonicalize(dir).ok()?;
+    let table = crate::mountinfo::read().ok()?;
+    table
+        .iter()
+        .find(|m| m.fstype.starts_with("fuse") && m.source == dir)
+        .map(|m| m.mountpoint.clone())
 }
 
 /// Whether the volume at `dir` appears as the source of a FUSE mount in this

@@ -224,7 +224,7 @@ impl Fs {
         if flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 {
             return Err(CoreError::Invalid);
         }
-        self.writable()?;
+        let _space = self.writable()?;
         let mut st = self.state.lock();
         let mut inode = self.inode(&mut st, ino)?;
         let exists = match self.find(&mut st, ino, name)? {
@@ -261,9 +261,7 @@ impl Fs {
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
         check_name(name)?;
-        if self.opts.read_only {
-            return Err(CoreError::ReadOnly);
-        }
+        let _space = self.removable()?;
         let mut st = self.state.lock();
         let mut inode = self.inode(&mut st, ino)?;
         let mut w = Vec::new();

@@ -73,6 +73,8 @@ pub struct SafsFuse {
     /// held weakly by inode, strongly by each handle until its release.
     backing: Mutex<Backing>,
     stats: Arc<Stats>,
+    /// Tells the kernel to drop what it caches; set once the session is up.
+    notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
 }
 
 #[derive(Default)]
@@ -89,12 +91,35 @@ impl SafsFuse {
             passthrough: false,
             backing: Mutex::new(Backing::default()),
             stats,
+            notifier: Arc::new(std::sync::OnceLock::new()),
+        }
+    }
+
+    /// Where the session's notifier goes once the session exists.
+    pub fn notifier_slot(&self) -> Arc<std::sync::OnceLock<fuser::Notifier>> {
+        Arc::clone(&self.notifier)
+    }
+
+    /// How long the kernel may keep `a`. Under passthrough a file open for
+    /// writing can change through a shared mapping without a request
+    /// (xfstests generic/080, 215): its attributes are not cached, so a
+    /// `stat` asks, and the daemon answers from the backing file.
+    fn attr_ttl(&self, a: &core::Attr) -> Duration {
+        if self.passthrough && a.open_for_write {
+            Duration::ZERO
+        } else {
+            TTL
         }
     }
 
     fn entry(&self, reply: ReplyEntry, r: core::Result<core::Attr>) {
         match r {
-            Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(a.generation)),
+            Ok(a) => reply.entry_with_ttls(
+                &self.attr_ttl(&a),
+                &TTL,
+                &file_attr(&a),
+                Generation(a.generation),
+            ),
             Err(e) => reply.error(e.into()),
         }
     }
@@ -151,6 +176,20 @@ impl SafsFuse {
                     return Ok(());
                 }
                 offset = e.cookie;
+            }
+        }
+    }
+}
+
+impl SafsFuse {
+    /// A listing that starts at offset 0 reads the directory: its atime.
+    /// (A listing the kernel serves from its own cache never comes here;
+    /// the first one after a change always does, which is what `relatime`
+    /// needs.)
+    fn note_listing(&self, ino: u64, offset: u64) {
+        if offset == 0 {
+            if let Err(e) = self.fs.note_dir_read(ino) {
+                tracing::debug!(ino, error = %e, "directory access time not updated");
             }
         }
     }
@@ -247,7 +286,7 @@ impl Filesystem for SafsFuse {
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let _t = self.stats.start(Op::Getattr);
         match self.fs.getattr(ino.0) {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Ok(a) => reply.attr(&self.attr_ttl(&a), &file_attr(&a)),
             Err(e) => reply.error(e.into()),
         }
     }
@@ -282,7 +321,7 @@ impl Filesystem for SafsFuse {
             fh: fh.map(|f| f.0),
         };
         match self.fs.setattr(&ctx(req), ino.0, &set) {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Ok(a) => reply.attr(&self.attr_ttl(&a), &file_attr(&a)),
             Err(e) => reply.error(e.into()),
         }
     }
@@ -416,6 +455,15 @@ impl Filesystem for SafsFuse {
             .open_as(&ctx(req), ino.0, OpenMode::from_flags(flags.0))
         {
             Ok(h) => {
+                if h.writable && self.passthrough {
+                    // The kernel's cached attributes would hide changes made
+                    // through a shared mapping (see `attr_ttl`).
+                    if let Some(n) = self.notifier.get() {
+                        if let Err(e) = n.inval_inode(ino, -1, 0) {
+                            tracing::debug!(ino = ino.0, error = %e, "attribute invalidation");
+                        }
+                    }
+                }
                 if let Some(id) = self.backing_for(&h, |f| reply.open_backing(f)) {
                     reply.opened_passthrough(FileHandle(h.fh), FILE_OPEN_FLAGS, &id);
                 } else {
@@ -569,6 +617,7 @@ impl Filesystem for SafsFuse {
         mut reply: ReplyDirectory,
     ) {
         let _t = self.stats.start(Op::Readdir);
+        self.note_listing(ino.0, offset);
         let r = self.list(ino.0, offset, 256, |e| {
             Ok(reply.add(
                 INodeNo(e.ino),
@@ -592,6 +641,7 @@ impl Filesystem for SafsFuse {
         mut reply: ReplyDirectoryPlus,
     ) {
         let _t = self.stats.start(Op::Readdirplus);
+        self.note_listing(ino.0, offset);
         let r = self.list(ino.0, offset, 128, |e| {
             let a = match self.fs.entry_attr(e.ino) {
                 Ok(a) => a,
@@ -603,7 +653,7 @@ impl Filesystem for SafsFuse {
                 INodeNo(e.ino),
                 e.cookie,
                 OsStr::from_bytes(&e.name),
-                &TTL,
+                &self.attr_ttl(&a),
                 &file_attr(&a),
                 Generation(a.generation),
             );
@@ -706,7 +756,7 @@ impl Filesystem for SafsFuse {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -715,7 +765,10 @@ impl Filesystem for SafsFuse {
         reply: ReplyEmpty,
     ) {
         let _t = self.stats.start(Op::Fallocate);
-        done(reply, self.fs.fallocate(fh.0, offset, length, mode))
+        done(
+            reply,
+            self.fs.fallocate(&ctx(req), fh.0, offset, length, mode),
+        )
     }
 
     fn lseek(

@@ -86,6 +86,38 @@ pub trait MetaStore: MetaRead + Send + Sync + 'static {
 
     /// Bytes the store occupies on disk.
     fn disk_bytes(&self) -> u64;
+
+    /// The most disk space committing one write — `key_len` bytes of key
+    /// and a value of `value_len` bytes, or a delete — can make the store
+    /// allocate, in bytes. The core sums it over everything it has accepted
+    /// but not yet committed and acknowledges a change only while the store
+    /// holds at least that much ([`MetaStore::hold`]). Default: 0, for
+    /// engines whose commits take no space from the disk under the volume.
+    fn write_bound(&self, key_len: usize, value_len: Option<usize>) -> u64 {
+        let _ = (key_len, value_len);
+        0
+    }
+
+    /// What one commit may allocate on top of the sum of its writes'
+    /// bounds (the engine's own bookkeeping), in bytes.
+    fn batch_bound(&self) -> u64 {
+        0
+    }
+
+    /// Makes sure at least `bytes` of disk space are allocated to the store
+    /// beyond what it uses, so that commits needing no more than that cannot
+    /// fail for lack of space whatever else fills the disk. Returns the bytes
+    /// held afterwards; `Err(NoSpace)` if the disk cannot provide them (what
+    /// was held stays held).
+    fn hold(&self, bytes: u64) -> Result<u64, MetaError> {
+        let _ = bytes;
+        Ok(u64::MAX)
+    }
+
+    /// Bytes allocated to the store beyond what it uses now.
+    fn held(&self) -> u64 {
+        u64::MAX
+    }
 }
 
 #[cfg(test)]

@@ -22,9 +22,26 @@
 //!   (sparsely: no disk space) to the whole map, where stray reads find
 //!   zeros rather than SIGBUS, and values longer than any record safs writes
 //!   are refused before they are touched.
+//!
+//! Space held ahead (see [`MetaStore::hold`]): LMDB copies every page it
+//! changes, and new copies that find no free page extend the file. On a disk
+//! that another writer fills, such a write fails — or is cut short, which
+//! LMDB reports as EIO — and a batch the core already acknowledged cannot
+//! commit. So the range after LMDB's last page is allocated ahead with
+//! `fallocate`, like a journal: pages LMDB writes there need no new blocks.
+//! [`LmdbStore::write_bound`] is the worst case a write can add: a copy of
+//! every page on its path and a split at every level (one more level for a
+//! new root), plus its overflow pages when the value does not fit a node.
+//! Real growth is far less (copies reuse free pages); the bound only has to
+//! be safe. Copy-on-write filesystems (btrfs) can still refuse a write into
+//! allocated blocks; on them the hold is best effort.
 
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+
+use parking_lot::Mutex;
 
 use heed::types::Bytes;
 use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, MdbError};
@@ -47,10 +64,25 @@ fn corrupt_value(len: usize) -> MetaError {
 pub struct LmdbStore {
     env: Env,
     db: Database<'static, Bytes, Bytes>,
+    /// The data file, for `fallocate` of the space held ahead.
+    file: File,
+    page_size: u64,
+    /// Depth of the tree after the last commit (for [`LmdbStore::write_bound`]).
+    depth: AtomicU32,
+    /// End of the range of the data file known to be allocated: at least
+    /// the pages LMDB uses, plus what [`MetaStore::hold`] allocated after
+    /// them. Invariant: never above what was allocated (a failed or partial
+    /// `fallocate` leaves it where it was).
+    allocated_end: Mutex<u64>,
     gets: AtomicU64,
     scans: AtomicU64,
     commits: AtomicU64,
 }
+
+/// Bytes of an LMDB page header.
+const PAGE_HEADER: u64 = 16;
+/// Bytes of an LMDB node header (before its key and value).
+const NODE_HEADER: u64 = 8;
 
 fn engine_err(e: heed::Error) -> MetaError {
     match e {
@@ -106,6 +138,7 @@ impl LmdbStore {
         // Sparse extension to the map size (see the module comment).
         // Not fatal where the filesystem caps file sizes lower.
         let file = std::fs::OpenOptions::new()
+            .read(true)
             .write(true)
             .open(dir.join("data.mdb"))?;
         if file.metadata()?.len() < MAP_SIZE as u64 {
@@ -113,13 +146,57 @@ impl LmdbStore {
                 tracing::warn!(error = %e, "cannot extend the metadata file to the map size; corrupt page pointers may crash the engine");
             }
         }
-        Ok(Self {
+        let stat = env.unnamed_database_stat();
+        let store = Self {
             env,
             db,
+            file,
+            page_size: u64::from(stat.page_size.max(512)),
+            depth: AtomicU32::new(stat.depth),
+            allocated_end: Mutex::new(0),
             gets: AtomicU64::new(0),
             scans: AtomicU64::new(0),
             commits: AtomicU64::new(0),
-        })
+        };
+        *store.allocated_end.lock() = store.used_end();
+        Ok(store)
+    }
+
+    /// End of the pages LMDB uses (its last page, committed).
+    fn used_end(&self) -> u64 {
+        (self.env.info().last_page_number as u64 + 1) * self.page_size
+    }
+
+    /// The largest node that stays in its page; larger values go to
+    /// overflow pages (LMDB's `me_nodemax`).
+    fn node_max(&self) -> u64 {
+        (((self.page_size - PAGE_HEADER) / 2) & !1) - 2
+    }
+
+    /// Allocates `[from, to)` of the data file.
+    fn allocate(&self, from: u64, to: u64) -> std::io::Result<()> {
+        let len = (to - from) as i64;
+        match nix::fcntl::fallocate(
+            &self.file,
+            nix::fcntl::FallocateFlags::empty(),
+            from as i64,
+            len,
+        ) {
+            Ok(()) => Ok(()),
+            // No fallocate here (some network filesystems): writing zeros
+            // allocates as well. LMDB overwrites them as it takes the pages.
+            Err(nix::errno::Errno::EOPNOTSUPP) => {
+                let zeros = vec![0u8; 1 << 20];
+                let mut at = from;
+                while at < to {
+                    let n = (to - at).min(zeros.len() as u64) as usize;
+                    self.file.write_all_at(&zeros[..n], at)?;
+                    at += n as u64;
+                }
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 }
 
@@ -184,7 +261,55 @@ impl MetaStore for LmdbStore {
                 }
             }
         }
-        wtxn.commit().map_err(engine_err)
+        wtxn.commit().map_err(engine_err)?;
+        self.depth
+            .store(self.env.unnamed_database_stat().depth, Relaxed);
+        Ok(())
+    }
+
+    fn write_bound(&self, key_len: usize, value_len: Option<usize>) -> u64 {
+        // One level more than today in case this batch adds a root.
+        let levels = u64::from(self.depth.load(Relaxed)) + 1;
+        // A copy of each page on the path, and a split at each level.
+        let mut pages = 2 * levels;
+        if let Some(v) = value_len {
+            if NODE_HEADER + (key_len + v) as u64 > self.node_max() {
+                pages += (PAGE_HEADER + v as u64).div_ceil(self.page_size);
+            }
+        }
+        pages * self.page_size
+    }
+
+    fn batch_bound(&self) -> u64 {
+        // The free-page database: the ids of the pages this commit frees
+        // (eight bytes each, at most one per page the batch copies: the
+        // writes' bounds over 512) and the copies of its own path. The core
+        // adds `writes / 512` through `write_bound`'s sum; this is the rest.
+        64 * self.page_size
+    }
+
+    fn hold(&self, bytes: u64) -> Result<u64, MetaError> {
+        let mut end = self.allocated_end.lock();
+        let used = self.used_end();
+        *end = (*end).max(used);
+        if *end - used >= bytes {
+            return Ok(*end - used);
+        }
+        // In whole MiB, so that holding a little more is one call, not many.
+        let target = (used + bytes).next_multiple_of(1 << 20);
+        match self.allocate(*end, target) {
+            Ok(()) => {
+                *end = target;
+                Ok(target - used)
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => Err(MetaError::NoSpace),
+            Err(e) => Err(MetaError::Io(e)),
+        }
+    }
+
+    fn held(&self) -> u64 {
+        let end = *self.allocated_end.lock();
+        end.saturating_sub(self.used_end())
     }
 
     fn disk_bytes(&self) -> u64 {
@@ -196,7 +321,74 @@ impl MetaStore for LmdbStore {
 
 #[cfg(test)]
 mod tests {
-    use crate::meta::MetaRead;
+    use crate::meta::{MetaRead, MetaStore, Write};
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn hold_allocates_ahead_and_commits_draw_on_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = super::LmdbStore::open(dir.path()).unwrap();
+        let blocks = || {
+            std::fs::metadata(dir.path().join("data.mdb"))
+                .unwrap()
+                .blocks()
+                * 512
+        };
+        let before = blocks();
+        let held = store.hold(8 << 20).unwrap();
+        assert!(held >= 8 << 20, "held {held}");
+        assert_eq!(store.held(), held);
+        assert!(blocks() >= before + (8 << 20), "fallocate did not allocate");
+        // Asking for what is held already allocates nothing more.
+        assert_eq!(store.hold(1 << 20).unwrap(), held);
+        let batch: Vec<Write> = (0..2000u32)
+            .map(|i| (i.to_be_bytes().to_vec(), Some(vec![7u8; 300])))
+            .collect();
+        store.commit(&batch).unwrap();
+        let after = store.held();
+        assert!(after < held, "a growing commit uses the held space");
+        assert!(
+            blocks() <= before + held + (1 << 20),
+            "LMDB wrote outside the hold"
+        );
+    }
+
+    /// Whatever a batch holds, the file grows by no more than the bounds
+    /// the core adds up for it.
+    #[test]
+    fn growth_stays_within_the_bound() {
+        use proptest::prelude::*;
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(24));
+        let write = (
+            proptest::collection::vec(any::<u8>(), 1..300),
+            proptest::option::of(0usize..70_000),
+        );
+        runner
+            .run(
+                &proptest::collection::vec(proptest::collection::vec(write, 1..400), 1..6),
+                |batches| {
+                    let dir = tempfile::tempdir().unwrap();
+                    let store = super::LmdbStore::open(dir.path()).unwrap();
+                    for batch in batches {
+                        let writes: Vec<Write> = batch
+                            .into_iter()
+                            .map(|(k, v)| (k, v.map(|n| vec![3u8; n])))
+                            .collect();
+                        let bound: u64 = writes
+                            .iter()
+                            .map(|(k, v)| store.write_bound(k.len(), v.as_ref().map(Vec::len)))
+                            .sum();
+                        let bound = bound + bound / 512 + store.batch_bound();
+                        let used = store.used_end();
+                        store.commit(&writes).unwrap();
+                        let grown = store.used_end() - used;
+                        prop_assert!(grown <= bound, "grew {grown} > bound {bound}");
+                    }
+                    Ok(())
+                },
+            )
+            .unwrap();
+    }
 
     #[test]
     fn conformance() {
