@@ -371,13 +371,13 @@ impl Holder {
     /// the volume is mounted.
     fn describe(&self, dir: &Path) -> String {
         let pid = if self.pid.is_empty() {
-            "unknown pid".to_string()
+            "of unknown pid"
         } else {
-            format!("pid {}", self.pid)
+            self.pid.as_str()
         };
         match mountpoint_of(dir) {
-            Some(m) => format!("already mounted on {} (daemon {pid})", m.display()),
-            None if self.mounted => format!("already mounted (daemon {pid})"),
+            Some(m) => format!("already mounted on {} (daemon pid {pid})", m.display()),
+            None if self.mounted => format!("already mounted (daemon pid {pid})"),
             None => format!("in use by process {pid} (a mount starting, or safs fsck)"),
         }
     }
