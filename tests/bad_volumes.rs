@@ -200,3 +200,20 @@ fn mount_t_fuse_safs_works_through_the_helper() {
     }
     assert_eq!(safs(&["fsck", p(&vol)]).0, 0);
 }
+
+#[test]
+fn format_force_starts_a_fresh_volume_and_log() {
+    let (_t, vol, _) = fresh();
+    std::fs::write(vol.join("safs.log"), b"the old volume's log\n").unwrap();
+    let (code, out) = safs(&["format", p(&vol)]);
+    assert_ne!(code, 0, "format over a volume without --force: {out}");
+    assert!(out.contains("--force"), "{out}");
+    assert_eq!(safs(&["format", p(&vol), "--force"]).0, 0);
+    assert!(
+        !std::fs::read_to_string(vol.join("safs.log"))
+            .unwrap_or_default()
+            .contains("old volume"),
+        "the old log was kept"
+    );
+    assert_eq!(safs(&["fsck", p(&vol)]).0, 0);
+}

@@ -1056,3 +1056,46 @@ fn file_handles_open_after_the_kernel_forgot_the_inode() {
     assert!(d.metadata().unwrap().is_dir());
     assert_eq!(open_by_handle(v.mnt(), &hg).unwrap_err(), Errno::ESTALE);
 }
+
+/// `RENAME_WHITEOUT` (overlayfs's rename in an upper layer): the source
+/// name becomes a 0/0 character device in the same step (xfstests 023-025
+/// probe for it).
+#[test]
+fn rename_whiteout_leaves_a_whiteout_where_the_source_was() {
+    let mut v = TestVolume::new();
+    write_file(&v.path("a"), b"moved");
+    renameat2(&v.path("a"), &v.path("b"), libc::RENAME_WHITEOUT).unwrap();
+    assert_eq!(read_file(&v.path("b")), b"moved");
+    let w = lmeta(&v.path("a"));
+    assert!(
+        w.file_type().is_char_device(),
+        "a whiteout is a character device"
+    );
+    assert_eq!((w.rdev(), w.mode() & 0o7777), (0, 0));
+    // Not with RENAME_EXCHANGE.
+    assert_eq!(
+        renameat2(
+            &v.path("b"),
+            &v.path("a"),
+            libc::RENAME_WHITEOUT | libc::RENAME_EXCHANGE
+        ),
+        Err(Errno::EINVAL)
+    );
+    v.remount();
+    assert!(lmeta(&v.path("a")).file_type().is_char_device());
+    assert_eq!(read_file(&v.path("b")), b"moved");
+}
+
+/// An ioctl safs has no use for gets ENOTTY, as from a local filesystem
+/// (`lsattr` then says the operation is not supported).
+#[test]
+fn unknown_ioctls_get_enotty() {
+    let v = TestVolume::new();
+    write_file(&v.path("f"), b"");
+    let f = File::open(v.path("f")).unwrap();
+    let mut flags: libc::c_long = 0;
+    // SAFETY: FS_IOC_GETFLAGS writes one long to the pointer given.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), 0x8008_6601, &mut flags) };
+    assert_eq!(r, -1);
+    assert_eq!(Errno::last(), Errno::ENOTTY);
+}

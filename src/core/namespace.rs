@@ -30,6 +30,9 @@ pub struct DirEntry {
 pub struct RenameFlags {
     pub noreplace: bool,
     pub exchange: bool,
+    /// Leave a whiteout (a 0/0 character device, overlayfs's "deleted"
+    /// marker) where the source was, in the same operation.
+    pub whiteout: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -555,6 +558,7 @@ impl Fs {
 
     pub fn rename(
         &self,
+        ctx: &Ctx,
         parent: u64,
         name: &[u8],
         newparent: u64,
@@ -566,7 +570,7 @@ impl Fs {
         if name.len() > crate::format::NAME_MAX {
             return Err(CoreError::NameTooLong);
         }
-        if flags.exchange && flags.noreplace {
+        if flags.exchange && (flags.noreplace || flags.whiteout) {
             return Err(CoreError::Invalid);
         }
         let mut st = self.state.lock();
@@ -646,6 +650,9 @@ impl Fs {
             if i.is_dir() {
                 i.parent = newparent;
             }
+            if flags.whiteout {
+                self.add_whiteout(&mut st, &mut work, ctx, parent, name, now)?;
+            }
         }
         for p in [parent, newparent] {
             let p = self.w_get(&mut st, &mut work, p)?;
@@ -658,6 +665,50 @@ impl Fs {
                 self.maybe_free(&mut st, dst.ino)?;
             }
         }
+        Ok(())
+    }
+
+    /// Puts a whiteout named `name` in `parent`: a character device 0/0
+    /// with no permissions, owned by the caller (as ext4 makes them).
+    fn add_whiteout(
+        &self,
+        st: &mut State,
+        work: &mut Work,
+        ctx: &Ctx,
+        parent: u64,
+        name: &[u8],
+        now: Timestamp,
+    ) -> Result<()> {
+        let ino = st.counters.next_ino;
+        st.counters.next_ino += 1;
+        st.counters.inodes += 1;
+        let inode = Inode {
+            mode: libc::S_IFCHR,
+            uid: ctx.uid,
+            gid: ctx.gid,
+            nlink: 1,
+            rdev: 0,
+            flags: 0,
+            size: 0,
+            blocks: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            crtime: now,
+            generation: 1,
+            parent: 0,
+            next_cookie: 0,
+            spill_len: 0,
+            overflow: 0,
+            inline: XattrSet::new(),
+        };
+        let kind = inode.dtype();
+        let mut p = self.w_get(st, work, parent)?.clone();
+        self.add_entry(work, &mut p, parent, name, ino, kind);
+        work.inodes.insert(parent, p);
+        work.inodes.insert(ino, inode);
+        work.dirty.push(ino);
+        self.put_counters(st, &mut work.writes);
         Ok(())
     }
 

@@ -279,28 +279,28 @@ fn rename_rules() {
             .ino;
     let noreplace = RenameFlags {
         noreplace: true,
-        exchange: false,
+        ..RenameFlags::default()
     };
     assert!(matches!(
-        t.fs.rename(1, b"a", 1, b"b", noreplace),
+        t.fs.rename(&ctx, 1, b"a", 1, b"b", noreplace),
         Err(CoreError::Exists)
     ));
     assert!(matches!(
-        t.fs.rename(1, b"a", 1, b"d", RenameFlags::default()),
+        t.fs.rename(&ctx, 1, b"a", 1, b"d", RenameFlags::default()),
         Err(CoreError::IsDir)
     ));
     assert!(matches!(
-        t.fs.rename(1, b"d", 1, b"a", RenameFlags::default()),
+        t.fs.rename(&ctx, 1, b"d", 1, b"a", RenameFlags::default()),
         Err(CoreError::NotDir)
     ));
     let exchange = RenameFlags {
-        noreplace: false,
         exchange: true,
+        ..RenameFlags::default()
     };
-    t.fs.rename(1, b"a", 1, b"d", exchange).unwrap();
+    t.fs.rename(&ctx, 1, b"a", 1, b"d", exchange).unwrap();
     assert_eq!(t.fs.lookup(1, b"a").unwrap().ino, d);
     assert_eq!(t.fs.lookup(1, b"d").unwrap().ino, a);
-    t.fs.rename(1, b"d", 1, b"b", RenameFlags::default())
+    t.fs.rename(&ctx, 1, b"d", 1, b"b", RenameFlags::default())
         .unwrap();
     assert_eq!(t.fs.lookup(1, b"b").unwrap().ino, a);
     assert!(matches!(t.fs.lookup(1, b"d"), Err(CoreError::NotFound)));
@@ -314,7 +314,7 @@ fn rename_rules() {
             .unwrap()
             .ino;
     let root_links = t.fs.getattr(1).unwrap().nlink;
-    t.fs.rename(1, b"a", e, b"moved", RenameFlags::default())
+    t.fs.rename(&ctx, 1, b"a", e, b"moved", RenameFlags::default())
         .unwrap();
     assert_eq!(t.fs.getattr(1).unwrap().nlink, root_links - 1);
     assert_eq!(t.fs.getattr(e).unwrap().nlink, 3);

@@ -141,6 +141,19 @@ pub fn format(dir: &Path, opts: &FormatOptions) -> Result<Superblock, VolumeErro
                     fs::remove_dir_all(&sub).map_err(io_err(&sub))?;
                 }
             }
+            // The old volume's log and leftovers: the new one starts clean.
+            for f in [
+                layout.log(),
+                layout.root.join("reserve"),
+                layout.root.join("control.sock"),
+            ] {
+                match fs::remove_file(&f) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(VolumeError::Io { path: f, source: e });
+                    }
+                    _ => {}
+                }
+            }
         }
     }
     let result = write_new_volume(&layout, opts);

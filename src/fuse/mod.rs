@@ -407,7 +407,7 @@ impl Filesystem for SafsFuse {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -416,14 +416,13 @@ impl Filesystem for SafsFuse {
         reply: ReplyEmpty,
     ) {
         let _t = self.stats.start(Op::Rename);
-        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
-            return reply.error(Errno::from_i32(libc::EINVAL));
-        }
         let f = core::RenameFlags {
             noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
+            whiteout: flags.contains(RenameFlags::RENAME_WHITEOUT),
         };
         match self.fs.rename(
+            &ctx(req),
             parent.0,
             name.as_bytes(),
             newparent.0,
@@ -769,6 +768,24 @@ impl Filesystem for SafsFuse {
             reply,
             self.fs.fallocate(&ctx(req), fh.0, offset, length, mode),
         )
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        let _t = self.stats.start(Op::Ioctl);
+        // No ioctl of its own (file attribute flags such as chattr +i could
+        // not be enforced for writes that go through passthrough): what a
+        // local filesystem answers for an ioctl it does not know.
+        reply.error(Errno::from_i32(libc::ENOTTY));
     }
 
     fn lseek(

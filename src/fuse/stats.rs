@@ -29,7 +29,7 @@ ops! {
     Readdirplus => "readdirplus", Releasedir => "releasedir", Fsyncdir => "fsyncdir",
     Statfs => "statfs", Setxattr => "setxattr", Getxattr => "getxattr",
     Listxattr => "listxattr", Removexattr => "removexattr", Access => "access",
-    Create => "create", Fallocate => "fallocate", Lseek => "lseek",
+    Create => "create", Fallocate => "fallocate", Lseek => "lseek", Ioctl => "ioctl",
 }
 
 /// Histogram buckets: bucket `i` counts requests that took < 2^i µs (the
