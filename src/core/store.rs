@@ -664,6 +664,161 @@ mod tests {
     use crate::meta::{MemStore, MetaRead};
     use proptest::prelude::*;
 
+    /// An engine whose commits fail while `failing` is set, and which
+    /// holds a fixed amount of space.
+    struct Faulty {
+        inner: MemStore,
+        failing: std::sync::atomic::AtomicBool,
+        held: u64,
+    }
+
+    impl MetaRead for Faulty {
+        fn get(&self, key: &[u8]) -> std::result::Result<Option<Vec<u8>>, MetaError> {
+            self.inner.get(key)
+        }
+        fn scan(
+            &self,
+            s: &[u8],
+            e: &[u8],
+            l: usize,
+        ) -> std::result::Result<crate::meta::Pairs, MetaError> {
+            self.inner.scan(s, e, l)
+        }
+    }
+
+    impl MetaStore for Faulty {
+        fn commit_iter<'a>(
+            &self,
+            batch: &mut dyn Iterator<Item = crate::meta::WriteRef<'a>>,
+        ) -> std::result::Result<(), MetaError> {
+            if self.failing.load(Ordering::SeqCst) {
+                return Err(MetaError::Io(std::io::Error::from_raw_os_error(libc::EIO)));
+            }
+            self.inner.commit_iter(batch)
+        }
+        fn disk_bytes(&self) -> u64 {
+            0
+        }
+        fn write_bound(&self, _key_len: usize, value_len: Option<usize>) -> u64 {
+            4096 + value_len.unwrap_or(0) as u64
+        }
+        fn hold(&self, _bytes: u64) -> std::result::Result<u64, MetaError> {
+            Err(MetaError::NoSpace)
+        }
+        fn held(&self) -> u64 {
+            self.held
+        }
+    }
+
+    fn faulty(held: u64) -> (Arc<Faulty>, Arc<Store>) {
+        let engine = Arc::new(Faulty {
+            inner: MemStore::new(),
+            failing: std::sync::atomic::AtomicBool::new(false),
+            held,
+        });
+        let hold = HoldPolicy {
+            target: held,
+            inline_budget: 320,
+        };
+        let store = Store::new(engine.clone(), Duration::from_millis(2), Some(hold));
+        (engine, store)
+    }
+
+    /// The failure contract: while commits fail, nothing new is admitted,
+    /// durability waits fail, the waiting records are reported, and close
+    /// keeps retrying until the engine recovers — nothing is dropped.
+    #[test]
+    fn failed_commits_refuse_new_changes_and_lose_nothing() {
+        let (engine, store) = faulty(64 << 20);
+        let t = store.admit(Admit::Change).unwrap();
+        store.apply(vec![(b"a".to_vec(), Some(b"1".to_vec()))]);
+        drop(t);
+        store.sync().unwrap();
+        engine.failing.store(true, Ordering::SeqCst);
+        let t = store.admit(Admit::Change).unwrap();
+        let seq = store.apply(vec![(b"b".to_vec(), Some(b"2".to_vec()))]);
+        drop(t);
+        assert!(
+            store.wait_durable(seq).is_err(),
+            "fsync reports the failure"
+        );
+        let h = store.health();
+        assert!(
+            h.failure.as_deref().unwrap().starts_with("I/O error"),
+            "{h:?}"
+        );
+        assert_eq!(h.waiting_records, 1);
+        assert!(matches!(store.admit(Admit::Change), Err(CoreError::Io(_))));
+        assert!(matches!(store.admit(Admit::Removal), Err(CoreError::Io(_))));
+        assert!(store.healthy().is_err());
+        // The pending record is still what reads see.
+        assert_eq!(store.get(b"b").unwrap().as_deref(), Some(&b"2"[..]));
+        // Close keeps retrying; the engine recovers meanwhile.
+        let recover = {
+            let engine = Arc::clone(&engine);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(500));
+                engine.failing.store(false, Ordering::SeqCst);
+            })
+        };
+        store.close().unwrap();
+        recover.join().unwrap();
+        assert_eq!(engine.inner.get(b"b").unwrap().as_deref(), Some(&b"2"[..]));
+    }
+
+    /// `abandon` lets close give up (a second signal to the daemon).
+    #[test]
+    fn close_gives_up_only_when_told() {
+        let (engine, store) = faulty(64 << 20);
+        engine.failing.store(true, Ordering::SeqCst);
+        let t = store.admit(Admit::Change).unwrap();
+        store.apply(vec![(b"x".to_vec(), Some(b"1".to_vec()))]);
+        drop(t);
+        let giver = {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                store.abandon();
+            })
+        };
+        assert!(store.close().is_err());
+        giver.join().unwrap();
+    }
+
+    /// Admission: a change is refused with ENOSPC when what is held does
+    /// not cover it plus the removals' share; a removal still gets in.
+    #[test]
+    fn changes_are_refused_before_the_held_space_runs_out() {
+        let (_engine, store) = faulty(0);
+        assert!(matches!(
+            store.admit(Admit::Change),
+            Err(CoreError::NoSpace)
+        ));
+        assert!(matches!(
+            store.admit(Admit::Removal),
+            Err(CoreError::NoSpace)
+        ));
+        let op = store.op_bound(&store.hold.unwrap());
+        // Room for a removal, not for a change and the removals' share.
+        let (_engine, store) = faulty(2 * op);
+        assert!(matches!(
+            store.admit(Admit::Change),
+            Err(CoreError::NoSpace)
+        ));
+        let t1 = store.admit(Admit::Removal).unwrap();
+        let t2 = store.admit(Admit::Removal).unwrap();
+        // Each promise counts until it is dropped.
+        assert!(matches!(
+            store.admit(Admit::Removal),
+            Err(CoreError::NoSpace)
+        ));
+        drop(t1);
+        assert!(store.admit(Admit::Removal).is_ok());
+        drop(t2);
+        let (_engine, store) = faulty((REMOVAL_OPS + 1) * op);
+        assert!(store.admit(Admit::Change).is_ok());
+    }
+
     #[test]
     fn reads_see_pending_and_commit_lands() {
         let engine = Arc::new(MemStore::new());
