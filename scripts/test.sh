@@ -10,6 +10,9 @@
 #   2. cargo clippy --all-targets -- -D warnings
 #   3. cargo test --release --no-fail-fast: unit and property tests, and
 #      tests/mount_*.rs, which format and mount real volumes through /dev/fuse
+#      (among them the full-disk durability test, tests/mount_enospc.rs: a
+#      writer outside safs fills the filesystem under the volume while safs
+#      writes with fsyncs; every acknowledged change must survive)
 #   4. pjdfstest (tests/pjdfstest.toml) in a directory of a fresh
 #      `safs mount -o allow_other`, with a secondary file system for EXDEV
 #   5. pjdfstest's EROFS tests on their own (they remount read-only)
