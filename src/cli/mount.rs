@@ -31,9 +31,10 @@ pub struct MountArgs {
     /// Stay in the foreground (log to stderr) instead of daemonizing.
     #[arg(short, long)]
     pub foreground: bool,
-    /// Mount options, comma-separated: allow_other, ro, sync, passthrough,
-    /// nopassthrough, nonempty, dev, suid, commit_ms=N, threads=N,
-    /// cache_mb=N (inode cache budget, default 256).
+    /// Mount options, comma-separated: allow_other, ro, sync, dirsync,
+    /// passthrough, nopassthrough, nonempty, dev, suid, noexec,
+    /// nosymfollow, relatime (default), noatime, strictatime, nodiratime,
+    /// commit_ms=N, threads=N, cache_mb=N (inode cache budget, default 256).
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
     #[arg(long, hide = true)]

@@ -37,7 +37,7 @@ pub use creds::Ctx;
 pub use error::{CoreError, Result};
 pub use files::{Handle, OpenMode};
 pub use namespace::{DirEntry, RenameFlags, SetAttr, TimeSet};
-pub use store::{Failure, Health};
+pub use store::Health;
 
 use crate::format::inode::{Inode, Timestamp};
 use crate::format::keys;
@@ -148,26 +148,6 @@ pub enum AtimeMode {
 }
 
 impl Atime {
-    fn encode(self) -> u8 {
-        let mode = match self.mode {
-            AtimeMode::Never => 0,
-            AtimeMode::Relative => 1,
-            AtimeMode::Always => 2,
-        };
-        mode | (u8::from(self.no_dirs) << 2)
-    }
-
-    fn decode(v: u8) -> Atime {
-        Atime {
-            mode: match v & 3 {
-                0 => AtimeMode::Never,
-                2 => AtimeMode::Always,
-                _ => AtimeMode::Relative,
-            },
-            no_dirs: v & 4 != 0,
-        }
-    }
-
     /// Whether a read at `at` of `inode` moves its atime there.
     fn due(&self, inode: &Inode, at: Timestamp) -> bool {
         if (inode.is_dir() && self.no_dirs) || at <= inode.atime {
@@ -238,8 +218,8 @@ pub struct Fs {
     state: Mutex<State>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
-    /// The mount's atime rules ([`Atime::encode`]); a remount changes them.
-    atime: std::sync::atomic::AtomicU8,
+    /// The mount's atime rules; a remount changes them.
+    atime: Mutex<Atime>,
     closed: std::sync::atomic::AtomicBool,
 }
 
@@ -275,7 +255,7 @@ impl Fs {
         });
         let store = Store::new(engine, opts.commit_interval, hold);
         let cap = NonZeroUsize::new(opts.inode_cache.max(16)).expect("non-zero");
-        let atime = opts.atime.encode();
+        let atime = opts.atime;
         let cache_budget = opts.cache_bytes;
         let fs = Fs {
             layout,
@@ -294,7 +274,7 @@ impl Fs {
             }),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
-            atime: std::sync::atomic::AtomicU8::new(atime),
+            atime: Mutex::new(atime),
             closed: std::sync::atomic::AtomicBool::new(false),
         };
         fs.recover()?;
@@ -516,13 +496,12 @@ impl Fs {
 
     /// The mount's atime rules now.
     pub fn atime(&self) -> Atime {
-        Atime::decode(self.atime.load(std::sync::atomic::Ordering::Relaxed))
+        *self.atime.lock()
     }
 
     /// New atime rules (a remount changed the mount's options).
     pub fn set_atime(&self, a: Atime) {
-        self.atime
-            .store(a.encode(), std::sync::atomic::Ordering::Relaxed);
+        *self.atime.lock() = a;
         tracing::info!(?a, "access-time rules changed");
     }
 
