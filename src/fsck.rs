@@ -41,7 +41,7 @@ use crate::format::inode::{Inode, S_IFDIR, S_IFMT, Timestamp};
 use crate::format::keys;
 use crate::format::superblock::Counters;
 use crate::format::xattrs::XattrSet;
-use crate::meta::{LmdbStore, MetaError, MetaStore, Write};
+use crate::meta::{MetaError, MetaStore, Write};
 
 /// e2fsck-style exit codes.
 pub const EXIT_CLEAN: i32 = 0;
@@ -727,12 +727,7 @@ impl Checker<'_> {
     }
 
     fn next_ino_floor(&self) -> u64 {
-        self.store
-            .get(keys::COUNTERS)
-            .ok()
-            .flatten()
-            .and_then(|r| Counters::decode(&r).ok())
-            .map_or(0, |c| c.next_ino)
+        volume::read_counters(self.store).map_or(0, |c| c.next_ino)
     }
 
     fn sweep_backing(&mut self) -> anyhow::Result<()> {
@@ -771,15 +766,15 @@ impl Checker<'_> {
     }
 
     fn counters(&mut self) -> anyhow::Result<()> {
-        let rec = self.store.get(keys::COUNTERS)?;
+        let found = volume::read_counters(self.store);
         let max = self.inodes.keys().next_back().copied().unwrap_or(ROOT_INO);
         let live = self.inodes.len() as u64;
         let fresh = Counters {
             next_ino: max + 1,
             inodes: live,
         };
-        match rec.map(|r| Counters::decode(&r)) {
-            Some(Ok(c)) => {
+        match found {
+            Ok(c) => {
                 if c.next_ino <= max {
                     self.find(
                         format!("next inode number {} is not above inode {max}", c.next_ino),
@@ -798,14 +793,15 @@ impl Checker<'_> {
                     );
                 }
             }
-            Some(Err(e)) => {
+            Err(volume::VolumeError::CorruptCounters(e)) => {
                 self.find(format!("counters record unreadable ({e})"), true);
                 self.put(keys::COUNTERS, fresh.encode());
             }
-            None => {
+            Err(volume::VolumeError::NoCounters) => {
                 self.find("counters record missing".into(), true);
                 self.put(keys::COUNTERS, fresh.encode());
             }
+            Err(e) => return Err(e.into()),
         }
         Ok(())
     }
@@ -847,7 +843,7 @@ pub fn run(dir: &Path, repair: bool, progress: Progress<'_>) -> anyhow::Result<R
 }
 
 fn check_store(
-    store: Arc<LmdbStore>,
+    store: Arc<dyn MetaStore>,
     layout: &Layout,
     budget: u32,
     repair: bool,
@@ -873,11 +869,7 @@ fn check_store(
         },
         None => false,
     };
-    let total = c
-        .store
-        .get(keys::COUNTERS)?
-        .and_then(|r| Counters::decode(&r).ok())
-        .map_or(0, |c| c.inodes);
+    let total = volume::read_counters(c.store).map_or(0, |c| c.inodes);
     c.pass_inodes(total, progress)?;
     match c.inodes.get(&ROOT_INO) {
         Some(r) if r.inode.is_dir() => {}

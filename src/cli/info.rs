@@ -6,9 +6,6 @@ use clap::Args;
 use safs::control::StatsReply;
 use safs::core::Health;
 use safs::core::volume::{self, Layout, VolumeLock};
-use safs::format::keys;
-use safs::format::superblock::Counters;
-use safs::meta::MetaRead;
 
 #[derive(Args, Debug)]
 pub struct InfoArgs {
@@ -120,11 +117,7 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     }
     let (store, sb) = volume::open_store(&vol)
         .with_context(|| format!("cannot open volume {}", vol.display()))?;
-    let counters = store
-        .get(keys::COUNTERS)?
-        .map(|r| Counters::decode(&r))
-        .transpose()
-        .map_err(|e| anyhow::anyhow!("counters record is corrupt: {e}"))?;
+    let counters = volume::read_counters(store.as_ref())?;
     println!("volume:         {}", vol.display());
     if let Some(m) = mountpoint {
         println!("mountpoint:     {}", m.display());
@@ -132,13 +125,10 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     println!("uuid:           {}", uuid::Uuid::from_bytes(sb.uuid));
     println!("format version: {}", sb.format_version);
     println!("inline xattrs:  {} bytes per inode", sb.inline_bytes);
-    if let Some(c) = counters {
-        println!(
-            "inodes:         {} (next inode number {})",
-            c.inodes, c.next_ino
-        );
-    }
-    use safs::meta::MetaStore;
+    println!(
+        "inodes:         {} (next inode number {})",
+        counters.inodes, counters.next_ino
+    );
     println!("metadata size:  {} bytes", store.disk_bytes());
     if VolumeLock::is_held(&vol) {
         let pid = VolumeLock::holder_pid(&vol);

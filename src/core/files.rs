@@ -55,6 +55,9 @@ impl Fs {
         } else {
             None
         };
+        if mode.truncate {
+            self.load_creds_for_set_ids(ctx, ino);
+        }
         let mut st = self.state.lock();
         let mut inode = self.inode(&mut st, ino)?;
         if inode.is_dir() {
@@ -221,6 +224,7 @@ impl Fs {
         let flags = nix::fcntl::FallocateFlags::from_bits(mode).ok_or(CoreError::NotSupported)?;
         nix::fcntl::fallocate(&*h.file, flags, offset as i64, length as i64)
             .map_err(std::io::Error::from)?;
+        self.load_creds_for_set_ids(ctx, h.ino);
         let mut st = self.state.lock();
         let mut inode = self.inode(&mut st, h.ino)?;
         self.reconcile(h.ino, &mut inode, Some(&h.file))?;
@@ -245,6 +249,22 @@ impl Fs {
             _ => return Err(CoreError::Invalid),
         };
         Ok(nix::unistd::lseek(&*h.file, offset, w).map_err(std::io::Error::from)?)
+    }
+}
+
+impl Fs {
+    /// Reads the caller's credentials before the state lock if `ino`
+    /// carries set-id bits that [`kill_set_ids`] will judge (a change
+    /// meanwhile only means they are read under the lock, once).
+    fn load_creds_for_set_ids(&self, ctx: &Ctx, ino: u64) {
+        let set_ids = {
+            let mut st = self.state.lock();
+            self.inode(&mut st, ino)
+                .is_ok_and(|i| i.mode & (libc::S_ISUID | libc::S_ISGID) != 0)
+        };
+        if set_ids {
+            ctx.load();
+        }
     }
 }
 

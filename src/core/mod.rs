@@ -33,13 +33,16 @@ use std::time::Duration;
 use lru::LruCache;
 use parking_lot::Mutex;
 
+/// The times core's attributes carry (the record format's own type: the
+/// adapter above names it through core, not through `format`).
+pub use crate::format::inode::Timestamp;
 pub use creds::Ctx;
 pub use error::{CoreError, Result};
 pub use files::{Handle, OpenMode};
 pub use namespace::{DirEntry, RenameFlags, SetAttr, TimeSet};
 pub use store::Health;
 
-use crate::format::inode::{Inode, Timestamp};
+use crate::format::inode::Inode;
 use crate::format::keys;
 use crate::format::superblock::{Counters, MountState, Superblock};
 use crate::format::xattrs::XattrSet;
@@ -235,11 +238,13 @@ impl Fs {
     ) -> Result<Self> {
         let layout = Layout::new(dir);
         let data = DataStore::new(&layout.data());
-        let counters = match engine.get(keys::COUNTERS)? {
-            Some(rec) => {
-                Counters::decode(&rec).map_err(|e| CoreError::corrupt(keys::COUNTERS, e))?
+        let counters = match volume::read_counters(engine.as_ref()) {
+            Ok(c) => c,
+            Err(volume::VolumeError::Meta(e)) => return Err(e.into()),
+            Err(volume::VolumeError::CorruptCounters(e)) => {
+                return Err(CoreError::corrupt(keys::COUNTERS, e));
             }
-            None => {
+            Err(_) => {
                 return Err(CoreError::corrupt(
                     keys::COUNTERS,
                     crate::format::FormatError::Truncated(0),

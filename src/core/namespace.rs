@@ -350,6 +350,10 @@ impl Fs {
                 return Err(CoreError::NameTooLong);
             }
         }
+        if mode & libc::S_ISGID != 0 && mode & S_IFMT != S_IFDIR {
+            // The set-group-ID rule below may need the caller's groups.
+            ctx.load();
+        }
         let mut st = self.state.lock();
         let mut work = Work::new();
         let p = self.w_get(&mut st, &mut work, parent)?.clone();

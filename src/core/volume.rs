@@ -22,7 +22,7 @@ use crate::format::keys;
 use crate::format::superblock::{Counters, Superblock};
 use crate::format::xattrs::XattrSet;
 use crate::format::{FORMAT_VERSION, FormatError};
-use crate::meta::{LmdbStore, MetaError, MetaStore};
+use crate::meta::{self, EngineKind, MetaError, MetaRead, MetaStore};
 
 pub const DEFAULT_INLINE_BYTES: u32 = 320;
 pub const MAX_INLINE_BYTES: u32 = 16_384;
@@ -52,6 +52,10 @@ pub enum VolumeError {
     CorruptSuperblock(FormatError),
     #[error("volume has no superblock (not a safs volume, or formatting was interrupted)")]
     NoSuperblock,
+    #[error("volume counters record is missing")]
+    NoCounters,
+    #[error("volume counters record is corrupt: {0}")]
+    CorruptCounters(FormatError),
     #[error(
         "volume format version {found} is newer than this safs understands ({FORMAT_VERSION}); upgrade safs"
     )]
@@ -93,7 +97,7 @@ impl Layout {
         self.root.join("safs.log")
     }
     pub fn is_volume(&self) -> bool {
-        self.meta().join("data.mdb").exists()
+        EngineKind::detect(&self.meta()).is_some()
     }
 }
 
@@ -179,7 +183,7 @@ fn write_new_volume(layout: &Layout, opts: &FormatOptions) -> Result<Superblock,
     }
     let meta = layout.meta();
     b.create(&meta).map_err(io_err(&meta))?;
-    let store = LmdbStore::open(&meta)?;
+    let store = meta::create(&meta, EngineKind::Lmdb)?;
     let (sb, records) = initial_records(opts);
     store.commit(&records)?;
     for f in ["data.mdb", "lock.mdb"] {
@@ -247,8 +251,15 @@ pub fn read_superblock(store: &dyn MetaStore) -> Result<Superblock, VolumeError>
     Ok(sb)
 }
 
+/// The volume's counters record (next inode number, live inodes): the one
+/// place that reads it, for the daemon, `safs info` and `safs fsck`.
+pub fn read_counters(store: &dyn MetaRead) -> Result<Counters, VolumeError> {
+    let rec = store.get(keys::COUNTERS)?.ok_or(VolumeError::NoCounters)?;
+    Counters::decode(&rec).map_err(VolumeError::CorruptCounters)
+}
+
 /// Opens a volume's metadata engine after checking it is one.
-pub fn open_store(dir: &Path) -> Result<(Arc<LmdbStore>, Superblock), VolumeError> {
+pub fn open_store(dir: &Path) -> Result<(Arc<dyn MetaStore>, Superblock), VolumeError> {
     let layout = Layout::new(dir);
     if !dir.is_dir() {
         return Err(VolumeError::Io {
@@ -259,7 +270,7 @@ pub fn open_store(dir: &Path) -> Result<(Arc<LmdbStore>, Superblock), VolumeErro
     if !layout.is_volume() {
         return Err(VolumeError::NotAVolume(dir.to_path_buf()));
     }
-    let store = Arc::new(LmdbStore::open(&layout.meta())?);
+    let store = meta::open(&layout.meta())?;
     let sb = read_superblock(store.as_ref())?;
     Ok((store, sb))
 }

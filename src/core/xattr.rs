@@ -225,6 +225,10 @@ impl Fs {
             return Err(CoreError::Invalid);
         }
         let _space = self.writable()?;
+        if name == acl::ACCESS {
+            // The set-group-ID rule below may need the caller's groups.
+            ctx.load();
+        }
         let mut st = self.state.lock();
         let mut inode = self.inode(&mut st, ino)?;
         let exists = match self.find(&mut st, ino, name)? {

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fuser::{FileAttr, FileType, INodeNo};
 
 use crate::core::Attr;
-use crate::format::inode::Timestamp;
+use crate::core::Timestamp;
 
 pub fn system_time(t: Timestamp) -> SystemTime {
     if t.sec >= 0 {

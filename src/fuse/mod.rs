@@ -56,11 +56,7 @@ impl From<CoreError> for Errno {
 }
 
 fn ctx(req: &Request) -> Ctx {
-    Ctx {
-        uid: req.uid(),
-        gid: req.gid(),
-        pid: req.pid(),
-    }
+    Ctx::new(req.uid(), req.gid(), req.pid())
 }
 
 pub struct SafsFuse {

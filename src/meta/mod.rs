@@ -9,10 +9,47 @@
 mod lmdb;
 mod mem;
 
+use std::path::Path;
+use std::sync::Arc;
+
 pub use lmdb::LmdbStore;
 pub use lmdb::verify as lmdb_verify;
 pub use mem::MemStore;
 use thiserror::Error;
+
+/// The engines a volume's metadata can live in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EngineKind {
+    /// LMDB in `<volume>/meta` (the embedded default).
+    Lmdb,
+}
+
+impl EngineKind {
+    /// The engine whose files are in `dir` (a volume's `meta` directory),
+    /// if any.
+    pub fn detect(dir: &Path) -> Option<EngineKind> {
+        dir.join("data.mdb").exists().then_some(EngineKind::Lmdb)
+    }
+}
+
+/// Opens the metadata engine in `dir`, whichever it is: the one place that
+/// chooses an engine. Opening checks the engine's own structure first
+/// (for LMDB, every page: [`lmdb_verify`]) and refuses a damaged one with
+/// [`MetaError::Damaged`].
+pub fn open(dir: &Path) -> Result<Arc<dyn MetaStore>, MetaError> {
+    match EngineKind::detect(dir) {
+        Some(EngineKind::Lmdb) => Ok(Arc::new(LmdbStore::open(dir)?)),
+        None => Err(MetaError::Missing(dir.to_path_buf())),
+    }
+}
+
+/// Creates a new, empty store of `kind` in `dir`.
+pub fn create(dir: &Path, kind: EngineKind) -> Result<Arc<dyn MetaStore>, MetaError> {
+    match kind {
+        EngineKind::Lmdb => Ok(Arc::new(LmdbStore::open(dir)?)),
+    }
+}
 
 /// One write of a batch: a put (`Some`) or a delete (`None`).
 pub type Write = (Vec<u8>, Option<Vec<u8>>);
@@ -44,6 +81,9 @@ pub enum MetaError {
     },
     #[error("metadata I/O: {0}")]
     Io(#[from] std::io::Error),
+    /// No engine's files in the directory.
+    #[error("{} holds no metadata store", .0.display())]
+    Missing(std::path::PathBuf),
 }
 
 /// Point reads and range scans. Every call sees one consistent snapshot.
