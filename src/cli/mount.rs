@@ -13,12 +13,11 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use fuser::{Config, MountOption, SessionACL};
-use nix::mount::MsFlags;
 
 use safs::core::volume::{self, Layout, VolumeLock};
 use safs::core::{Atime, AtimeMode, Fs, Options};
-use safs::fuse::{DataPath, SafsFuse};
+use safs::fuse::DataPath;
+use safs::fuse::session::{Session, SessionOptions, set_mount_flags};
 
 const READY: &str = "SAFS-READY";
 
@@ -60,24 +59,22 @@ struct MountOpts {
 }
 
 impl MountOpts {
-    /// The per-mount flags these options ask the kernel for (what
-    /// `findmnt` shows), for a bind remount that sets them all at once.
-    fn mount_flags(&self) -> MsFlags {
-        let mut f = MsFlags::empty();
-        f.set(MsFlags::MS_RDONLY, self.read_only);
-        f.set(MsFlags::MS_NODEV, !self.dev);
-        f.set(MsFlags::MS_NOSUID, !self.suid);
-        f.set(MsFlags::MS_NOEXEC, !self.exec);
-        if !self.symfollow {
-            f |= MsFlags::from_bits_retain(libc::MS_NOSYMFOLLOW);
+    /// What the FUSE session needs of these options.
+    fn session(&self, volume: &Path) -> SessionOptions {
+        SessionOptions {
+            fsname: volume.to_string_lossy().into_owned(),
+            allow_other: self.allow_other,
+            read_only: self.read_only,
+            dev: self.dev,
+            suid: self.suid,
+            exec: self.exec,
+            symfollow: self.symfollow,
+            sync: self.sync,
+            dirsync: self.dirsync,
+            atime: self.atime,
+            threads: self.threads,
+            data_path: self.data_path,
         }
-        f |= match self.atime.mode {
-            AtimeMode::Never => MsFlags::MS_NOATIME,
-            AtimeMode::Relative => MsFlags::MS_RELATIME,
-            AtimeMode::Always => MsFlags::MS_STRICTATIME,
-        };
-        f.set(MsFlags::MS_NODIRATIME, self.atime.no_dirs);
-        f
     }
 }
 
@@ -371,65 +368,19 @@ fn serve(
     .context("cannot open the volume")?;
     let fs = Arc::new(fs);
 
-    let mut mount_options = vec![
-        MountOption::FSName(volume.to_string_lossy().into_owned()),
-        // fuser's direct mount(2) ignores Subtype; the kernel takes it as an option.
-        MountOption::CUSTOM("subtype=safs".into()),
-        // The kernel checks permissions (mode bits and ACLs) itself: no
-        // ACCESS round trips, and the same rules as any local filesystem.
-        MountOption::DefaultPermissions,
-        if o.read_only {
-            MountOption::RO
-        } else {
-            MountOption::RW
-        },
-    ];
-    if o.dev {
-        mount_options.push(MountOption::Dev);
-    }
-    if o.suid {
-        mount_options.push(MountOption::Suid);
-    }
-    if !o.exec {
-        mount_options.push(MountOption::NoExec);
-    }
-    if o.sync {
-        // The kernel then writes data synchronously too, and asks for an
-        // FSYNC after each write.
-        mount_options.push(MountOption::Sync);
-    }
-    if o.dirsync {
-        mount_options.push(MountOption::DirSync);
-    }
-    let mut config = Config::default();
-    config.mount_options = mount_options;
-    config.acl = if o.allow_other {
-        SessionACL::All
-    } else {
-        SessionACL::Owner
-    };
-    config.n_threads = Some(o.threads);
-    config.clone_fd = true;
-
     let stats = Arc::new(safs::fuse::stats::Stats::default());
     safs::control::serve(volume, Arc::clone(&fs), Arc::clone(&stats))
         .context("cannot open the control socket")?;
-    let adapter = SafsFuse::new(Arc::clone(&fs), o.data_path, stats);
-    let notifier = adapter.notifier_slot();
-    let mut session = fuser::Session::new(adapter, mountpoint, &config).map_err(|e| {
-        anyhow::anyhow!(
-            "cannot mount {} on {}: {e}",
-            volume.display(),
-            mountpoint.display()
-        )
-    })?;
-    let _ = notifier.set(session.notifier());
+    let mut session = Session::mount(Arc::clone(&fs), mountpoint, &o.session(volume), stats)
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot mount {} on {}: {e}",
+                volume.display(),
+                mountpoint.display()
+            )
+        })?;
 
-    // Per-mount flags fuser has no options for (relatime, strictatime,
-    // nodiratime, nosymfollow): set them all with one bind remount.
-    set_mount_flags(mountpoint, o.mount_flags(), true)?;
-
-    let mut unmounter = session.unmount_callable();
+    let mut unmounter = session.unmounter();
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
@@ -483,18 +434,6 @@ fn serve(
     Ok(())
 }
 
-/// Sets the per-mount flags of the mount at `mountpoint` (all of them: a
-/// remount replaces the set). `bind`: only the mount's flags (MS_BIND),
-/// not the superblock's.
-fn set_mount_flags(mountpoint: &Path, flags: MsFlags, bind: bool) -> anyhow::Result<()> {
-    let mut f = MsFlags::MS_REMOUNT | flags;
-    if bind {
-        f |= MsFlags::MS_BIND;
-    }
-    nix::mount::mount(None::<&str>, mountpoint, None::<&str>, f, None::<&str>)
-        .with_context(|| format!("cannot set the mount flags of {}", mountpoint.display()))
-}
-
 /// `mount -o remount,...`: the kernel's flags of a live mount (read-only,
 /// set-id, exec, atime rules), and the daemon's atime rules with them.
 /// mount(8) passes the mount's whole option list with the changes.
@@ -521,7 +460,8 @@ pub fn remount(mountpoint: &Path, options: &[String]) -> anyhow::Result<()> {
             .map(str::to_string)
             .collect::<Vec<_>>(),
     )?;
-    set_mount_flags(mountpoint, o.mount_flags(), false)?;
+    set_mount_flags(mountpoint, o.session(mountpoint).mount_flags(), false)
+        .with_context(|| format!("cannot set the mount flags of {}", mountpoint.display()))?;
     let volume = std::fs::canonicalize(mountpoint)
         .ok()
         .and_then(|m| safs::core::volume::volume_of_mount(&m))

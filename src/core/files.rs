@@ -204,13 +204,20 @@ impl Fs {
 
     /// `fsync`: the backing file's data, then every metadata change so far.
     pub fn fsync(&self, fh: u64, datasync: bool) -> Result<()> {
+        self.sync_data(fh, datasync)?;
+        self.store.sync()
+    }
+
+    /// The data half of `fsync`: handle `fh`'s backing file made durable
+    /// (with its size and times unless `datasync`).
+    pub fn sync_data(&self, fh: u64, datasync: bool) -> Result<()> {
         let h = self.handle(fh)?;
         if datasync {
             h.file.sync_data()?;
         } else {
             h.file.sync_all()?;
         }
-        self.store.sync()
+        Ok(())
     }
 
     /// `fallocate`; mode 0 (allocate, extending size) and the keep-size,

@@ -39,7 +39,7 @@ pub use crate::format::inode::Timestamp;
 pub use creds::Ctx;
 pub use error::{CoreError, Result};
 pub use files::{Handle, OpenMode};
-pub use namespace::{DirEntry, RenameFlags, SetAttr, TimeSet};
+pub use namespace::{DirEntry, RenameFlags, SetAttr, Statfs, TimeSet};
 pub use store::Health;
 
 use crate::format::inode::Inode;

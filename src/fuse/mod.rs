@@ -6,8 +6,11 @@
 //! invalidates what a request changes), and file data goes through kernel
 //! passthrough when the kernel allows it.
 
+mod answer;
 mod attr;
+pub mod session;
 pub mod stats;
+mod syncer;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -25,6 +28,7 @@ use fuser::{
 use parking_lot::Mutex;
 
 use crate::core::{self, CoreError, Ctx, Fs, OpenMode, SetAttr, TimeSet};
+use answer::{Answer, Entry};
 use attr::{file_attr, request_time};
 use stats::{Op, Stats};
 
@@ -71,6 +75,8 @@ pub struct SafsFuse {
     stats: Arc<Stats>,
     /// Tells the kernel to drop what it caches; set once the session is up.
     notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+    /// The fsync worker's queue.
+    syncs: std::sync::mpsc::Sender<syncer::Job>,
 }
 
 #[derive(Default)]
@@ -82,12 +88,25 @@ struct Backing {
 impl SafsFuse {
     pub fn new(fs: Arc<Fs>, data_path: DataPath, stats: Arc<Stats>) -> Self {
         SafsFuse {
-            fs,
             data_path,
             passthrough: false,
             backing: Mutex::new(Backing::default()),
             stats,
             notifier: Arc::new(std::sync::OnceLock::new()),
+            syncs: syncer::start(Arc::clone(&fs)),
+            fs,
+        }
+    }
+
+    /// Hands an fsync to the worker that owns it until the commit is durable.
+    fn sync_job(&self, job: syncer::Job) {
+        if let Err(std::sync::mpsc::SendError(job)) = self.syncs.send(job) {
+            // The worker is gone (it never stops before the session): answer
+            // rather than drop the reply.
+            let reply = match job {
+                syncer::Job::File { reply, .. } | syncer::Job::Dir { reply } => reply,
+            };
+            reply.error(Errno::from_i32(libc::EIO));
         }
     }
 
@@ -109,15 +128,16 @@ impl SafsFuse {
     }
 
     fn entry(&self, reply: ReplyEntry, r: core::Result<core::Attr>) {
-        match r {
-            Ok(a) => reply.entry_with_ttls(
-                &self.attr_ttl(&a),
-                &TTL,
-                &file_attr(&a),
-                Generation(a.generation),
-            ),
-            Err(e) => reply.error(e.into()),
-        }
+        reply.answer(r.map(|a| Entry {
+            attr_ttl: self.attr_ttl(&a),
+            entry_ttl: TTL,
+            attr: file_attr(&a),
+            generation: Generation(a.generation),
+        }));
+    }
+
+    fn attr(&self, reply: ReplyAttr, r: core::Result<core::Attr>) {
+        reply.answer(r.map(|a| (self.attr_ttl(&a), file_attr(&a))));
     }
 
     /// The backing id to open handle `h` with, registering its file with
@@ -188,14 +208,6 @@ impl SafsFuse {
                 tracing::debug!(ino, error = %e, "directory access time not updated");
             }
         }
-    }
-}
-
-/// Answers an operation that returns nothing but success or an errno.
-fn done(reply: ReplyEmpty, r: core::Result<()>) {
-    match r {
-        Ok(()) => reply.ok(),
-        Err(e) => reply.error(e.into()),
     }
 }
 
@@ -281,10 +293,7 @@ impl Filesystem for SafsFuse {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let _t = self.stats.start(Op::Getattr);
-        match self.fs.getattr(ino.0) {
-            Ok(a) => reply.attr(&self.attr_ttl(&a), &file_attr(&a)),
-            Err(e) => reply.error(e.into()),
-        }
+        self.attr(reply, self.fs.getattr(ino.0));
     }
 
     fn setattr(
@@ -316,18 +325,12 @@ impl Filesystem for SafsFuse {
             ctime: ctime.map(request_time),
             fh: fh.map(|f| f.0),
         };
-        match self.fs.setattr(&ctx(req), ino.0, &set) {
-            Ok(a) => reply.attr(&self.attr_ttl(&a), &file_attr(&a)),
-            Err(e) => reply.error(e.into()),
-        }
+        self.attr(reply, self.fs.setattr(&ctx(req), ino.0, &set));
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let _t = self.stats.start(Op::Readlink);
-        match self.fs.readlink(ino.0) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(e.into()),
-        }
+        reply.answer(self.fs.readlink(ino.0));
     }
 
     fn mknod(
@@ -372,12 +375,12 @@ impl Filesystem for SafsFuse {
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _t = self.stats.start(Op::Unlink);
-        done(reply, self.fs.unlink(parent.0, name.as_bytes()))
+        reply.answer(self.fs.unlink(parent.0, name.as_bytes()))
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _t = self.stats.start(Op::Rmdir);
-        done(reply, self.fs.rmdir(parent.0, name.as_bytes()))
+        reply.answer(self.fs.rmdir(parent.0, name.as_bytes()))
     }
 
     fn symlink(
@@ -417,17 +420,14 @@ impl Filesystem for SafsFuse {
             exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
             whiteout: flags.contains(RenameFlags::RENAME_WHITEOUT),
         };
-        match self.fs.rename(
+        reply.answer(self.fs.rename(
             &ctx(req),
             parent.0,
             name.as_bytes(),
             newparent.0,
             newname.as_bytes(),
             f,
-        ) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e.into()),
-        }
+        ));
     }
 
     fn link(
@@ -516,10 +516,7 @@ impl Filesystem for SafsFuse {
         reply: ReplyData,
     ) {
         let _t = self.stats.start(Op::Read);
-        match self.fs.read(fh.0, offset, size) {
-            Ok(d) => reply.data(&d),
-            Err(e) => reply.error(e.into()),
-        }
+        reply.answer(self.fs.read(fh.0, offset, size));
     }
 
     fn write(
@@ -535,10 +532,7 @@ impl Filesystem for SafsFuse {
         reply: ReplyWrite,
     ) {
         let _t = self.stats.start(Op::Write);
-        match self.fs.write(fh.0, offset, data) {
-            Ok(n) => reply.written(n),
-            Err(e) => reply.error(e.into()),
-        }
+        reply.answer(self.fs.write(fh.0, offset, data));
     }
 
     fn flush(
@@ -572,7 +566,7 @@ impl Filesystem for SafsFuse {
                 }
             }
         }
-        done(reply, self.fs.release(fh.0))
+        reply.answer(self.fs.release(fh.0))
     }
 
     fn fsync(
@@ -584,11 +578,10 @@ impl Filesystem for SafsFuse {
         reply: ReplyEmpty,
     ) {
         let _t = self.stats.start(Op::Fsync);
-        // Waiting for the commit must not hold up other requests.
-        let fs = Arc::clone(&self.fs);
-        std::thread::spawn(move || match fs.fsync(fh.0, datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e.into()),
+        self.sync_job(syncer::Job::File {
+            fh: fh.0,
+            datasync,
+            reply,
         });
     }
 
@@ -621,10 +614,7 @@ impl Filesystem for SafsFuse {
                 OsStr::from_bytes(&e.name),
             ))
         });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e.into()),
-        }
+        reply.answer(r);
     }
 
     fn readdirplus(
@@ -658,10 +648,7 @@ impl Filesystem for SafsFuse {
             }
             Ok(full)
         });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e.into()),
-        }
+        reply.answer(r);
     }
 
     fn releasedir(
@@ -685,21 +672,12 @@ impl Filesystem for SafsFuse {
         reply: ReplyEmpty,
     ) {
         let _t = self.stats.start(Op::Fsyncdir);
-        let fs = Arc::clone(&self.fs);
-        std::thread::spawn(move || match fs.sync() {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e.into()),
-        });
+        self.sync_job(syncer::Job::Dir { reply });
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let _t = self.stats.start(Op::Statfs);
-        match self.fs.statfs() {
-            Ok(s) => reply.statfs(
-                s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize,
-            ),
-            Err(e) => reply.error(e.into()),
-        }
+        reply.answer(self.fs.statfs());
     }
 
     fn setxattr(
@@ -713,34 +691,25 @@ impl Filesystem for SafsFuse {
         reply: ReplyEmpty,
     ) {
         let _t = self.stats.start(Op::Setxattr);
-        match self
-            .fs
-            .setxattr(&ctx(req), ino.0, name.as_bytes(), value, flags)
-        {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e.into()),
-        }
+        reply.answer(
+            self.fs
+                .setxattr(&ctx(req), ino.0, name.as_bytes(), value, flags),
+        );
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let _t = self.stats.start(Op::Getxattr);
-        match self.fs.getxattr(ino.0, name.as_bytes()) {
-            Ok(v) => xattr_reply(reply, &v, size),
-            Err(e) => reply.error(e.into()),
-        }
+        reply.answer(self.fs.getxattr(ino.0, name.as_bytes()).map(|v| (v, size)));
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let _t = self.stats.start(Op::Listxattr);
-        match self.fs.listxattr(&ctx(req), ino.0) {
-            Ok(v) => xattr_reply(reply, &v, size),
-            Err(e) => reply.error(e.into()),
-        }
+        reply.answer(self.fs.listxattr(&ctx(req), ino.0).map(|v| (v, size)));
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _t = self.stats.start(Op::Removexattr);
-        done(reply, self.fs.removexattr(ino.0, name.as_bytes()))
+        reply.answer(self.fs.removexattr(ino.0, name.as_bytes()))
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
@@ -760,10 +729,7 @@ impl Filesystem for SafsFuse {
         reply: ReplyEmpty,
     ) {
         let _t = self.stats.start(Op::Fallocate);
-        done(
-            reply,
-            self.fs.fallocate(&ctx(req), fh.0, offset, length, mode),
-        )
+        reply.answer(self.fs.fallocate(&ctx(req), fh.0, offset, length, mode))
     }
 
     fn ioctl(
@@ -794,20 +760,6 @@ impl Filesystem for SafsFuse {
         reply: ReplyLseek,
     ) {
         let _t = self.stats.start(Op::Lseek);
-        match self.fs.lseek(fh.0, offset, whence) {
-            Ok(o) => reply.offset(o),
-            Err(e) => reply.error(e.into()),
-        }
-    }
-}
-
-/// `size == 0` asks for the length; a smaller buffer than needed is ERANGE.
-fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
-    if size == 0 {
-        reply.size(value.len() as u32);
-    } else if (size as usize) < value.len() {
-        reply.error(Errno::from_i32(libc::ERANGE));
-    } else {
-        reply.data(value);
+        reply.answer(self.fs.lseek(fh.0, offset, whence));
     }
 }
