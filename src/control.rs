@@ -54,6 +54,9 @@ pub struct StatsReply {
     /// The group committer: failing or not, records waiting, space held.
     #[serde(default)]
     pub commits: Option<crate::core::Health>,
+    /// Impossible counts met since the mount: 0 unless safs has a bug.
+    #[serde(default)]
+    pub broken_counts: u64,
 }
 
 /// A `kB` figure of this process's `/proc/self/status` (0 if unreadable).
@@ -114,6 +117,7 @@ fn handle(conn: UnixStream, fs: &Fs, stats: &Stats) -> std::io::Result<()> {
                     engine: fs.engine_counters(),
                     inline_bytes: fs.inline_budget() as u64,
                     commits: Some(fs.health()),
+                    broken_counts: fs.broken_counts(),
                 }),
             }
         }

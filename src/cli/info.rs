@@ -55,6 +55,12 @@ fn print_stats(vol: &Path, json: bool) -> anyhow::Result<()> {
         "engine:         {} point reads, {} scans, {} commits",
         stats.engine.gets, stats.engine.scans, stats.engine.commits
     );
+    if stats.broken_counts > 0 {
+        println!(
+            "INTERNAL ERRORS: {} impossible counts since the mount (a bug: please report it with the daemon's log)",
+            stats.broken_counts
+        );
+    }
     if let Some(h) = &stats.commits {
         println!(
             "space held:     {} KiB ahead of metadata commits, {} KiB of it spoken for",

@@ -40,28 +40,32 @@ impl DataStore {
 
     /// Opens (creating if missing) the backing file of `ino` read-write.
     pub fn open(&self, ino: u64) -> io::Result<File> {
-        let path = self.path(ino);
-        let open = |create: bool| {
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(create)
-                .mode(0o600)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(&path)
-        };
-        match open(false) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => match open(true) {
-                Ok(f) => {
-                    arm_atime(&f)?;
-                    Ok(f)
-                }
+        match self.open_with(ino, false) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => match self.create(ino) {
                 // Created meanwhile by another open of the same inode.
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => open(false),
-                Err(e) => Err(e),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => self.open_with(ino, false),
+                other => other,
             },
             other => other,
         }
+    }
+
+    /// Creates the backing file of a new inode `ino` (it must not exist),
+    /// its atime at the sentinel.
+    pub fn create(&self, ino: u64) -> io::Result<File> {
+        let f = self.open_with(ino, true)?;
+        arm_atime(&f)?;
+        Ok(f)
+    }
+
+    fn open_with(&self, ino: u64, create: bool) -> io::Result<File> {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(create)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(self.path(ino))
     }
 
     /// Size and 512-byte blocks of the backing file; a missing one is empty.

@@ -11,7 +11,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{CoreError, Ctx, Fs, Result};
+use super::{CoreError, Ctx, Fs, Result, State};
 use crate::format::inode::{S_IFMT, S_IFREG, Timestamp};
 
 #[derive(Clone, Copy, Debug)]
@@ -66,7 +66,7 @@ impl Fs {
         if !inode.is_reg() {
             return Err(CoreError::Invalid);
         }
-        let file = Arc::new(self.data.open(ino)?);
+        let file = self.data.open(ino)?;
         let mut w = Vec::new();
         if mode.truncate {
             file.set_len(0)?;
@@ -78,35 +78,36 @@ impl Fs {
             inode.mode &= !kill_set_ids(ctx, inode.mode, inode.gid);
             self.put_inode(&mut st, &mut w, ino, inode);
         }
-        let o = st.open.entry(ino).or_default();
-        o.handles += 1;
-        let first = o.any.is_none();
-        o.any.get_or_insert_with(|| Arc::clone(&file));
-        if mode.write {
-            if o.writers == 0 {
-                o.backing = Some(Arc::clone(&file));
-            }
-            o.writers += 1;
-        }
-        if first {
+        self.commit(w)?;
+        Ok(self.register_handle(&mut st, ino, Arc::new(file), mode.write))
+    }
+
+    /// Registers a handle of `ino` open on its backing `file`.
+    pub(super) fn register_handle(
+        &self,
+        st: &mut State,
+        ino: u64,
+        file: Arc<File>,
+        write: bool,
+    ) -> Arc<Handle> {
+        if st.open_handle(ino, &file, write) {
             // Reads made while nobody had it open (through a mapping kept
             // after close), and arm the backing file for this open's reads.
-            self.observe_reads(&mut st, ino, &file);
+            self.observe_reads(st, ino, &file);
         }
-        drop(st);
-        self.commit(w)?;
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let h = Arc::new(Handle {
             fh,
             ino,
-            writable: mode.write,
+            writable: write,
             file,
         });
         self.handles.lock().insert(fh, Arc::clone(&h));
-        Ok(h)
+        h
     }
 
-    /// Creates and opens a regular file (`O_CREAT` with no existing name).
+    /// Creates and opens a regular file (`O_CREAT` with no existing name),
+    /// as one operation.
     pub fn create(
         &self,
         ctx: &Ctx,
@@ -116,21 +117,19 @@ impl Fs {
         umask: u32,
         flags: i32,
     ) -> Result<(super::Attr, Arc<Handle>)> {
-        let attr = self.make_node(ctx, parent, name, S_IFREG | (mode & 0o7777), umask, 0, None)?;
         let mut om = OpenMode::from_flags(flags);
         om.truncate = false;
-        match self.open(attr.ino, om) {
-            Ok(h) => Ok((attr, h)),
-            Err(e) => {
-                // The backing file could not be made (e.g. ENOSPC): take the
-                // new name back so the failed create leaves nothing behind.
-                if let Err(undo) = self.unlink(parent, name) {
-                    tracing::error!(error = %undo, "cannot undo a failed create");
-                }
-                self.forget(attr.ino, 1);
-                Err(e)
-            }
-        }
+        let (attr, h) = self.make_node_opened(
+            ctx,
+            parent,
+            name,
+            S_IFREG | (mode & 0o7777),
+            umask,
+            0,
+            None,
+            Some(om),
+        )?;
+        Ok((attr, h.expect("asked for a handle")))
     }
 
     pub fn handle(&self, fh: u64) -> Result<Arc<Handle>> {
@@ -176,27 +175,18 @@ impl Fs {
         };
         let mut st = self.state.lock();
         let mut w = Vec::new();
-        let mut last = false;
-        if let Some(o) = st.open.get_mut(&h.ino) {
-            o.handles = o.handles.saturating_sub(1);
-            if h.writable {
-                o.writers = o.writers.saturating_sub(1);
-                if o.writers == 0 {
-                    let backing = o.backing.take();
-                    if let Ok(mut inode) = self.inode(&mut st, h.ino) {
-                        self.reconcile(h.ino, &mut inode, backing.as_deref().or(Some(&h.file)))?;
-                        self.put_inode(&mut st, &mut w, h.ino, inode);
-                    }
-                }
+        let closed = st.close_handle(h.ino, h.writable);
+        if let Some(backing) = closed.last_writer {
+            if let Ok(mut inode) = self.inode(&mut st, h.ino) {
+                self.reconcile(h.ino, &mut inode, Some(&backing))?;
+                self.put_inode(&mut st, &mut w, h.ino, inode);
             }
-            last = st.open.get(&h.ino).is_some_and(|o| o.handles == 0);
         }
-        if last {
-            st.open.remove(&h.ino);
+        if closed.last {
             self.observe_reads(&mut st, h.ino, &h.file);
         }
         self.commit(w)?;
-        if last {
+        if closed.last {
             self.maybe_free(&mut st, h.ino)?;
         }
         Ok(())

@@ -17,6 +17,7 @@ mod data;
 pub mod error;
 mod files;
 mod namespace;
+mod state;
 mod store;
 pub mod tiers;
 pub mod volume;
@@ -24,13 +25,11 @@ mod xattr;
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::num::NonZeroUsize;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use lru::LruCache;
 use parking_lot::Mutex;
 
 /// The times core's attributes carry (the record format's own type: the
@@ -44,10 +43,10 @@ pub use store::Health;
 
 use crate::format::inode::Inode;
 use crate::format::keys;
-use crate::format::superblock::{Counters, MountState, Superblock};
-use crate::format::xattrs::XattrSet;
+use crate::format::superblock::{MountState, Superblock};
 use crate::meta::{MetaStore, Write};
 use data::DataStore;
+use state::{Cached, State};
 use store::{Admit, HoldPolicy, Store, Ticket};
 use volume::Layout;
 
@@ -177,40 +176,6 @@ pub struct CacheFigures {
     pub byte_budget: usize,
 }
 
-/// A decoded inode and, once read, its spill set.
-struct Cached {
-    inode: Inode,
-    /// `None` until first needed; then the spill record's set (empty if none).
-    spill: Option<XattrSet>,
-}
-
-/// Open state of one inode.
-#[derive(Default)]
-struct OpenInode {
-    handles: u32,
-    writers: u32,
-    /// A descriptor of the backing file while a writer has it open: the
-    /// source of size and mtime until the last writer closes.
-    backing: Option<Arc<File>>,
-    /// A descriptor of the backing file while any handle is open: where
-    /// reads show (see [`Fs::observe_reads`]).
-    any: Option<Arc<File>>,
-}
-
-struct State {
-    /// Invariant: an entry is never older than the store's view of its key.
-    /// Bounded by entries (its capacity) and by `cache_budget` bytes; all
-    /// insertions and changes go through the `cache_*` methods, which keep
-    /// `cache_bytes` equal to the sum of [`cached_cost`] over the entries.
-    cache: LruCache<u64, Cached>,
-    cache_bytes: usize,
-    cache_budget: usize,
-    counters: Counters,
-    /// The kernel's lookup count per inode (FUSE nlookup).
-    lookups: HashMap<u64, u64>,
-    open: HashMap<u64, OpenInode>,
-}
-
 pub struct Fs {
     layout: Layout,
     sb: Superblock,
@@ -259,9 +224,8 @@ impl Fs {
             inline_budget: sb.inline_bytes as usize,
         });
         let store = Store::new(engine, opts.commit_interval, hold);
-        let cap = NonZeroUsize::new(opts.inode_cache.max(16)).expect("non-zero");
         let atime = opts.atime;
-        let cache_budget = opts.cache_bytes;
+        let state = State::new(opts.inode_cache, opts.cache_bytes, counters);
         let fs = Fs {
             layout,
             budget: sb.inline_bytes as usize,
@@ -269,14 +233,7 @@ impl Fs {
             store,
             data,
             opts,
-            state: Mutex::new(State {
-                cache: LruCache::new(cap),
-                cache_bytes: 0,
-                cache_budget,
-                counters,
-                lookups: HashMap::new(),
-                open: HashMap::new(),
-            }),
+            state: Mutex::new(state),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             atime: Mutex::new(atime),
@@ -433,7 +390,7 @@ impl Fs {
     // ---- helpers shared by the operation modules -------------------------
 
     fn load_opt<'s>(&self, st: &'s mut State, ino: u64) -> Result<Option<&'s mut Cached>> {
-        if !st.cache.contains(&ino) {
+        if !st.is_cached(ino) {
             let key = keys::inode(ino);
             let Some(rec) = self.store.get(&key)? else {
                 return Ok(None);
@@ -441,7 +398,7 @@ impl Fs {
             let inode = Inode::decode(&key, &rec).map_err(|e| CoreError::corrupt(&key, e))?;
             st.cache_put(ino, Cached { inode, spill: None });
         }
-        Ok(st.cache.get_mut(&ino))
+        Ok(st.cached(ino))
     }
 
     /// A copy of inode `ino`, or `NotFound`.
@@ -465,7 +422,7 @@ impl Fs {
     }
 
     fn put_counters(&self, st: &State, w: &mut Vec<Write>) {
-        w.push((keys::COUNTERS.to_vec(), Some(st.counters.encode())));
+        w.push((keys::COUNTERS.to_vec(), Some(st.counters().encode())));
     }
 
     /// Hands one operation's writes to the store (and waits on `sync` mounts).
@@ -559,18 +516,18 @@ impl Fs {
             .is_none_or(Inode::is_reg)
             .then(|| self.data.path(ino));
         if inode.is_some() {
-            st.counters.inodes = st.counters.inodes.saturating_sub(1);
+            st.inode_freed(ino);
             self.put_counters(st, w);
         }
         st.cache_pop(ino);
-        st.lookups.remove(&ino);
+        st.drop_references(ino);
         Ok(backing)
     }
 
     /// Frees `ino` if nothing refers to it any more: no name, no open
     /// handle, no kernel reference.
     fn maybe_free(&self, st: &mut State, ino: u64) -> Result<()> {
-        if st.lookups.get(&ino).copied().unwrap_or(0) > 0 || st.open.contains_key(&ino) {
+        if st.referenced(ino) {
             return Ok(());
         }
         let Some(c) = self.load_opt(st, ino)? else {
@@ -590,21 +547,13 @@ impl Fs {
 
     /// The kernel now holds one more reference to `ino`.
     pub fn note_lookup(&self, ino: u64) {
-        *self.state.lock().lookups.entry(ino).or_insert(0) += 1;
+        self.state.lock().add_lookup(ino);
     }
 
     /// FUSE `forget`: the kernel dropped `n` references to `ino`.
     pub fn forget(&self, ino: u64, n: u64) {
         let mut st = self.state.lock();
-        let left = match st.lookups.get_mut(&ino) {
-            Some(c) => {
-                *c = c.saturating_sub(n);
-                *c
-            }
-            None => return,
-        };
-        if left == 0 {
-            st.lookups.remove(&ino);
+        if st.forget(ino, n) {
             if let Err(e) = self.maybe_free(&mut st, ino) {
                 tracing::error!(ino, error = %e, "could not free forgotten inode");
             }
@@ -693,56 +642,6 @@ fn hold_target(root: &Path) -> u64 {
     (size / 64).clamp(4 << 20, 16 << 20)
 }
 
-/// What a cache entry is charged against the byte budget.
-fn cached_cost(c: &Cached) -> usize {
-    256 + c.inode.inline.packed_len() + c.spill.as_ref().map_or(0, XattrSet::packed_len)
-}
-
-impl State {
-    fn cache_put(&mut self, ino: u64, c: Cached) {
-        self.cache_bytes += cached_cost(&c);
-        // `push` hands back the entry it replaced or the one it evicted.
-        if let Some((_, old)) = self.cache.push(ino, c) {
-            self.cache_bytes -= cached_cost(&old);
-        }
-        self.cache_trim();
-    }
-
-    /// Changes a cached entry in place; false if it is not cached.
-    fn cache_update(&mut self, ino: u64, f: impl FnOnce(&mut Cached)) -> bool {
-        let Some(c) = self.cache.get_mut(&ino) else {
-            return false;
-        };
-        let before = cached_cost(c);
-        f(c);
-        let after = cached_cost(c);
-        self.cache_bytes = self.cache_bytes + after - before;
-        self.cache_trim();
-        true
-    }
-
-    fn cache_pop(&mut self, ino: u64) {
-        if let Some(old) = self.cache.pop(&ino) {
-            self.cache_bytes -= cached_cost(&old);
-        }
-    }
-
-    /// Evicts least recently used entries beyond the byte budget, keeping
-    /// the most recent one whatever its size.
-    fn cache_trim(&mut self) {
-        while self.cache_bytes > self.cache_budget && self.cache.len() > 1 {
-            match self.cache.pop_lru() {
-                Some((_, old)) => self.cache_bytes -= cached_cost(&old),
-                None => break,
-            }
-        }
-    }
-
-    fn set_spill(&mut self, ino: u64, set: XattrSet) {
-        self.cache_update(ino, |c| c.spill = Some(set));
-    }
-}
-
 /// Size, blocks and (if newer) mtime/ctime from a backing file's metadata.
 fn apply_backing(inode: &mut Inode, meta: &std::fs::Metadata) {
     use std::os::unix::fs::MetadataExt;
@@ -778,12 +677,12 @@ mod tests;
 impl Fs {
     /// What the inode cache holds, and its bounds.
     pub fn cache_figures(&self) -> CacheFigures {
-        let st = self.state.lock();
+        let (inodes, inode_capacity, bytes, byte_budget) = self.state.lock().cache_figures();
         CacheFigures {
-            inodes: st.cache.len(),
-            inode_capacity: st.cache.cap().get(),
-            bytes: st.cache_bytes,
-            byte_budget: st.cache_budget,
+            inodes,
+            inode_capacity,
+            bytes,
+            byte_budget,
         }
     }
 
@@ -797,10 +696,13 @@ impl Fs {
         self.store.engine_counters()
     }
 
+    /// Impossible counts met since the mount (see `state`): 0 unless a bug.
+    pub fn broken_counts(&self) -> u64 {
+        self.state.lock().broken_counts()
+    }
+
     /// Empties the inode cache (the store overlay stays: it is not a cache).
     pub fn drop_caches(&self) {
-        let mut st = self.state.lock();
-        st.cache.clear();
-        st.cache_bytes = 0;
+        self.state.lock().cache_clear();
     }
 }

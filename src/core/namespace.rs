@@ -173,7 +173,7 @@ impl Fs {
         inode.nlink = if inode.is_dir() {
             0
         } else {
-            inode.nlink.saturating_sub(1)
+            st.drop_link(ino, inode.nlink)
         };
         inode.ctime = now;
         if inode.nlink == 0 {
@@ -204,7 +204,7 @@ impl Fs {
             _ => self.dirent(parent, name)?.ok_or(CoreError::NotFound)?.ino,
         };
         let attr = self.attr_locked(&mut st, ino)?;
-        *st.lookups.entry(ino).or_insert(0) += 1;
+        st.add_lookup(ino);
         Ok(attr)
     }
 
@@ -214,10 +214,10 @@ impl Fs {
     }
 
     pub(super) fn attr_locked(&self, st: &mut State, ino: u64) -> Result<Attr> {
-        if let Some(f) = st.open.get(&ino).and_then(|o| o.any.clone()) {
+        if let Some(f) = st.any_backing(ino) {
             self.observe_reads(st, ino, &f);
         }
-        let backing = st.open.get(&ino).and_then(|o| o.backing.clone());
+        let backing = st.writer_backing(ino);
         let c = self.load(st, ino)?;
         match backing {
             // A writer has it open: the backing file has the current size.
@@ -247,7 +247,7 @@ impl Fs {
             if !inode.is_reg() {
                 return Err(CoreError::Invalid);
             }
-            let open = st.open.get(&ino).and_then(|o| o.backing.clone());
+            let open = st.writer_backing(ino);
             let file = match open {
                 Some(f) => f,
                 None => std::sync::Arc::new(self.data.open(ino)?),
@@ -304,7 +304,7 @@ impl Fs {
     }
 
     fn set_backing_mtime(&self, st: &State, ino: u64, t: Timestamp) {
-        if let Some(f) = st.open.get(&ino).and_then(|o| o.backing.clone()) {
+        if let Some(f) = st.writer_backing(ino) {
             let ts = nix::sys::time::TimeSpec::new(t.sec, i64::from(t.nsec));
             let omit = nix::sys::time::TimeSpec::UTIME_OMIT;
             let _ = nix::sys::stat::futimens(&*f, &omit, &ts);
@@ -340,6 +340,26 @@ impl Fs {
         rdev: u32,
         target: Option<&[u8]>,
     ) -> Result<Attr> {
+        self.make_node_opened(ctx, parent, name, mode, umask, rdev, target, None)
+            .map(|(attr, _)| attr)
+    }
+
+    /// [`Fs::make_node`], and with `open` a regular file's backing file
+    /// made and a handle opened on it, all under one hold of the state lock:
+    /// a create either happens whole or not at all (a backing file that
+    /// cannot be made fails it before any record changes).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn make_node_opened(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        target: Option<&[u8]>,
+        open: Option<super::OpenMode>,
+    ) -> Result<(Attr, Option<std::sync::Arc<super::Handle>>)> {
         let _space = self.writable()?;
         check_name(name)?;
         if let Some(t) = target {
@@ -405,9 +425,8 @@ impl Fs {
                 perm &= !libc::S_ISGID;
             }
         }
-        let ino = st.counters.next_ino;
-        st.counters.next_ino += 1;
-        st.counters.inodes += 1;
+        // Taken only once nothing can fail any more (see below).
+        let ino = st.next_ino();
         let inode = Inode {
             mode: ftype | perm,
             uid: ctx.uid,
@@ -461,14 +480,24 @@ impl Fs {
         }
         work.inodes.insert(ino, inode);
         work.dirty.push(ino);
+        let file = match open {
+            Some(_) => Some(std::sync::Arc::new(self.data.create(ino)?)),
+            None => None,
+        };
+        let taken = st.take_ino();
+        debug_assert_eq!(taken, ino, "inode numbers are taken under the lock");
         self.put_counters(&st, &mut work.writes);
         self.w_finish(&mut st, work)?;
         if !spill.is_empty() {
             st.set_spill(ino, spill);
         }
+        let handle = match (open, file) {
+            (Some(mode), Some(file)) => Some(self.register_handle(&mut st, ino, file, mode.write)),
+            _ => None,
+        };
         let attr = self.attr_locked(&mut st, ino)?;
-        *st.lookups.entry(ino).or_insert(0) += 1;
-        Ok(attr)
+        st.add_lookup(ino);
+        Ok((attr, handle))
     }
 
     pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
@@ -507,7 +536,7 @@ impl Fs {
         t.ctime = now;
         self.w_finish(&mut st, work)?;
         let attr = self.attr_locked(&mut st, ino)?;
-        *st.lookups.entry(ino).or_insert(0) += 1;
+        st.add_lookup(ino);
         Ok(attr)
     }
 
@@ -551,7 +580,7 @@ impl Fs {
         self.remove_entry(&mut work, parent, name, &d);
         let p = self.w_get(&mut st, &mut work, parent)?;
         if dir {
-            p.nlink = p.nlink.saturating_sub(1);
+            p.nlink = st.drop_link(parent, p.nlink);
         }
         p.mtime = now;
         p.ctime = now;
@@ -630,7 +659,7 @@ impl Fs {
                 self.remove_entry(&mut work, newparent, newname, dst);
                 if is_dir(dst.kind) {
                     let np = self.w_get(&mut st, &mut work, newparent)?;
-                    np.nlink = np.nlink.saturating_sub(1);
+                    np.nlink = st.drop_link(newparent, np.nlink);
                 }
                 self.drop_link(&mut st, &mut work, dst.ino, now)?;
             }
@@ -645,7 +674,7 @@ impl Fs {
             }
             if is_dir(src.kind) && parent != newparent {
                 let p = self.w_get(&mut st, &mut work, parent)?;
-                p.nlink = p.nlink.saturating_sub(1);
+                p.nlink = st.drop_link(parent, p.nlink);
                 let np = self.w_get(&mut st, &mut work, newparent)?;
                 np.nlink += 1;
             }
@@ -683,9 +712,7 @@ impl Fs {
         name: &[u8],
         now: Timestamp,
     ) -> Result<()> {
-        let ino = st.counters.next_ino;
-        st.counters.next_ino += 1;
-        st.counters.inodes += 1;
+        let ino = st.take_ino();
         let inode = Inode {
             mode: libc::S_IFCHR,
             uid: ctx.uid,
@@ -772,7 +799,7 @@ impl Fs {
     pub fn statfs(&self) -> Result<Statfs> {
         let vfs =
             nix::sys::statvfs::statvfs(self.layout.root.as_path()).map_err(std::io::Error::from)?;
-        let inodes = self.state.lock().counters.inodes;
+        let inodes = self.state.lock().counters().inodes;
         let bsize = vfs.fragment_size().max(512);
         let bavail = vfs.blocks_available();
         let ffree = bavail.saturating_mul(bsize) / 1024;

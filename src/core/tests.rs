@@ -468,17 +468,29 @@ fn inode_cache_stays_within_its_byte_budget() {
         fs.setxattr(&Ctx::root(), ino, b"user.v", &[i as u8; 3000], 0)
             .unwrap();
         inos.push(ino);
-        let st = fs.state.lock();
-        assert!(
-            st.cache_bytes <= 64 << 10,
-            "cache holds {} bytes",
-            st.cache_bytes
-        );
-        let sum: usize = st.cache.iter().map(|(_, c)| cached_cost(c)).sum();
-        assert_eq!(sum, st.cache_bytes, "byte accounting drifted");
+        let (bytes, sum) = fs.state.lock().cache_accounting();
+        assert!(bytes <= 64 << 10, "cache holds {bytes} bytes");
+        assert_eq!(sum, bytes, "byte accounting drifted");
     }
     // Evicted entries come back from the store intact.
     for (i, ino) in inos.iter().enumerate() {
         assert_eq!(fs.getxattr(*ino, b"user.v").unwrap(), vec![i as u8; 3000]);
     }
+}
+
+/// A count that would go below zero (here: the kernel forgetting more
+/// references than it was given) is a bug somewhere: loud, never absorbed.
+#[test]
+fn an_impossible_count_is_loud() {
+    let t = setup(320);
+    let a =
+        t.fs.make_node(&Ctx::root(), 1, b"f", libc::S_IFREG | 0o644, 0, 0, None)
+            .unwrap();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.fs.forget(a.ino, 2)));
+    if cfg!(debug_assertions) {
+        assert!(r.is_err(), "debug builds stop at an impossible count");
+    } else {
+        r.unwrap();
+    }
+    assert_eq!(t.fs.broken_counts(), 1, "counted for safs info --stats");
 }

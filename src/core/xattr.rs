@@ -179,13 +179,13 @@ impl Fs {
                     w.push((key, Some(rec)));
                 }
                 None => {
-                    inode.overflow = inode.overflow.saturating_sub(1);
+                    inode.overflow = st.drop_overflow(ino, inode.overflow);
                     w.push((key, None));
                 }
             }
         } else if in_overflow {
             // Moved out of overflow into a packed tier.
-            inode.overflow = inode.overflow.saturating_sub(1);
+            inode.overflow = st.drop_overflow(ino, inode.overflow);
             w.push((keys::overflow(ino, name), None));
         }
         self.load(st, ino)?;

@@ -1,0 +1,311 @@
+//! The core's mutable state, behind its one lock (`Fs::state`): the inode
+//! cache, the volume counters, the kernel's references and the open files.
+//! Its fields are private; the methods keep their invariants, and a count
+//! that would go below zero — an impossible state, a bug somewhere — is
+//! loud: an error in the log, a panic in debug builds, and a tally that
+//! `safs info --stats` shows ([`State::broken_counts`]).
+//!
+//! Lock order: this lock before `Fs::handles`; the store's own lock is
+//! innermost. Nothing blocks on I/O of its own under it but engine reads of
+//! uncached inodes.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+
+use lru::LruCache;
+
+use crate::format::inode::Inode;
+use crate::format::superblock::Counters;
+use crate::format::xattrs::XattrSet;
+
+/// A decoded inode and, once read, its spill set.
+pub(super) struct Cached {
+    pub inode: Inode,
+    /// `None` until first needed; then the spill record's set (empty if none).
+    pub spill: Option<XattrSet>,
+}
+
+/// What a cache entry is charged against the byte budget.
+fn cached_cost(c: &Cached) -> usize {
+    256 + c.inode.inline.packed_len() + c.spill.as_ref().map_or(0, XattrSet::packed_len)
+}
+
+/// Open state of one inode.
+#[derive(Default)]
+struct OpenInode {
+    /// Invariant: ≥ 1 while the entry exists; `writers` ≤ `handles`.
+    handles: u32,
+    writers: u32,
+    /// A descriptor of the backing file while a writer has it open: the
+    /// source of size and mtime until the last writer closes.
+    backing: Option<Arc<File>>,
+    /// A descriptor of the backing file while any handle is open: where
+    /// reads show (see `Fs::observe_reads`).
+    any: Option<Arc<File>>,
+}
+
+/// What closing one handle left.
+pub(super) struct Closed {
+    /// The last writer closed: the backing descriptor writers shared.
+    pub last_writer: Option<Arc<File>>,
+    /// The last handle closed.
+    pub last: bool,
+}
+
+pub(super) struct State {
+    /// Invariant: an entry is never older than the store's view of its key.
+    /// Bounded by entries (its capacity) and by `cache_budget` bytes; every
+    /// change goes through the `cache_*` methods, which keep `cache_bytes`
+    /// equal to the sum of [`cached_cost`] over the entries.
+    cache: LruCache<u64, Cached>,
+    cache_bytes: usize,
+    cache_budget: usize,
+    /// Invariant: `next_ino` is above every inode number ever used (inode
+    /// numbers are never reused, which is why every inode's generation can
+    /// stay 1), and `inodes` counts the live ones.
+    counters: Counters,
+    /// The kernel's lookup count per inode (FUSE nlookup); no zero entries.
+    lookups: HashMap<u64, u64>,
+    open: HashMap<u64, OpenInode>,
+    /// Impossible counts met so far (see the module comment).
+    broken: u64,
+}
+
+impl State {
+    pub fn new(capacity: usize, cache_budget: usize, counters: Counters) -> Self {
+        State {
+            cache: LruCache::new(NonZeroUsize::new(capacity.max(16)).expect("non-zero")),
+            cache_bytes: 0,
+            cache_budget,
+            counters,
+            lookups: HashMap::new(),
+            open: HashMap::new(),
+            broken: 0,
+        }
+    }
+
+    /// `have - take`, or 0 and a loud report if `take` is more than there
+    /// is (see the module comment).
+    fn sub(&mut self, what: &str, ino: u64, have: u64, take: u64) -> u64 {
+        if take > have {
+            self.broken += 1;
+            tracing::error!(
+                what,
+                ino,
+                have,
+                take,
+                "INTERNAL ERROR: a count would go below zero; kept at zero"
+            );
+            debug_assert!(take <= have, "{what} of inode {ino}: {have} - {take}");
+        }
+        have.saturating_sub(take)
+    }
+
+    /// A link count less one, loudly kept at zero (see [`State::sub`]).
+    pub fn drop_link(&mut self, ino: u64, nlink: u32) -> u32 {
+        self.sub("link count", ino, u64::from(nlink), 1) as u32
+    }
+
+    /// An inode's count of overflow xattr records less one, likewise.
+    pub fn drop_overflow(&mut self, ino: u64, overflow: u32) -> u32 {
+        self.sub("overflow xattrs", ino, u64::from(overflow), 1) as u32
+    }
+
+    /// How many impossible counts were met since the mount.
+    pub fn broken_counts(&self) -> u64 {
+        self.broken
+    }
+
+    // ---- the inode cache --------------------------------------------------
+
+    pub fn is_cached(&self, ino: u64) -> bool {
+        self.cache.contains(&ino)
+    }
+
+    pub fn cached(&mut self, ino: u64) -> Option<&mut Cached> {
+        self.cache.get_mut(&ino)
+    }
+
+    pub fn cache_put(&mut self, ino: u64, c: Cached) {
+        self.cache_bytes += cached_cost(&c);
+        // `push` hands back the entry it replaced or the one it evicted.
+        if let Some((_, old)) = self.cache.push(ino, c) {
+            self.cache_bytes -= cached_cost(&old);
+        }
+        self.cache_trim();
+    }
+
+    /// Changes a cached entry in place; false if it is not cached.
+    pub fn cache_update(&mut self, ino: u64, f: impl FnOnce(&mut Cached)) -> bool {
+        let Some(c) = self.cache.get_mut(&ino) else {
+            return false;
+        };
+        let before = cached_cost(c);
+        f(c);
+        let after = cached_cost(c);
+        self.cache_bytes = self.cache_bytes + after - before;
+        self.cache_trim();
+        true
+    }
+
+    pub fn cache_pop(&mut self, ino: u64) {
+        if let Some(old) = self.cache.pop(&ino) {
+            self.cache_bytes -= cached_cost(&old);
+        }
+    }
+
+    /// Evicts least recently used entries beyond the byte budget, keeping
+    /// the most recent one whatever its size.
+    fn cache_trim(&mut self) {
+        while self.cache_bytes > self.cache_budget && self.cache.len() > 1 {
+            match self.cache.pop_lru() {
+                Some((_, old)) => self.cache_bytes -= cached_cost(&old),
+                None => break,
+            }
+        }
+    }
+
+    pub fn set_spill(&mut self, ino: u64, set: XattrSet) {
+        self.cache_update(ino, |c| c.spill = Some(set));
+    }
+
+    /// (bytes charged, sum of the entries' costs): equal, by the invariant.
+    #[cfg(test)]
+    pub fn cache_accounting(&self) -> (usize, usize) {
+        let sum = self.cache.iter().map(|(_, c)| cached_cost(c)).sum();
+        (self.cache_bytes, sum)
+    }
+
+    pub fn cache_clear(&mut self) {
+        self.cache.clear();
+        self.cache_bytes = 0;
+    }
+
+    /// (inodes, capacity, bytes, byte budget).
+    pub fn cache_figures(&self) -> (usize, usize, usize, usize) {
+        (
+            self.cache.len(),
+            self.cache.cap().get(),
+            self.cache_bytes,
+            self.cache_budget,
+        )
+    }
+
+    // ---- counters -----------------------------------------------------------
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The inode number the next new inode gets (not yet taken).
+    pub fn next_ino(&self) -> u64 {
+        self.counters.next_ino
+    }
+
+    /// Takes [`State::next_ino`] for a new inode.
+    pub fn take_ino(&mut self) -> u64 {
+        let ino = self.counters.next_ino;
+        self.counters.next_ino += 1;
+        self.counters.inodes += 1;
+        ino
+    }
+
+    /// One live inode fewer.
+    pub fn inode_freed(&mut self, ino: u64) {
+        self.counters.inodes = self.sub("live inodes", ino, self.counters.inodes, 1);
+    }
+
+    // ---- the kernel's references ------------------------------------------
+
+    /// The kernel now holds one more reference to `ino`.
+    pub fn add_lookup(&mut self, ino: u64) {
+        *self.lookups.entry(ino).or_insert(0) += 1;
+    }
+
+    /// The kernel dropped `n` references to `ino`; true if none is left.
+    /// An inode with no recorded reference is left alone (the root, which
+    /// the kernel holds without a lookup).
+    pub fn forget(&mut self, ino: u64, n: u64) -> bool {
+        let Some(&have) = self.lookups.get(&ino) else {
+            return false;
+        };
+        let left = self.sub("kernel references", ino, have, n);
+        if left == 0 {
+            self.lookups.remove(&ino);
+            true
+        } else {
+            self.lookups.insert(ino, left);
+            false
+        }
+    }
+
+    /// Whether the kernel or an open handle still refers to `ino`.
+    pub fn referenced(&self, ino: u64) -> bool {
+        self.lookups.contains_key(&ino) || self.open.contains_key(&ino)
+    }
+
+    /// `ino` is gone: no references are tracked for it any more.
+    pub fn drop_references(&mut self, ino: u64) {
+        self.lookups.remove(&ino);
+    }
+
+    // ---- open files -----------------------------------------------------------
+
+    /// Registers a handle of `ino` opened on `file`; true if it is the first.
+    pub fn open_handle(&mut self, ino: u64, file: &Arc<File>, write: bool) -> bool {
+        let o = self.open.entry(ino).or_default();
+        o.handles += 1;
+        let first = o.any.is_none();
+        o.any.get_or_insert_with(|| Arc::clone(file));
+        if write {
+            if o.writers == 0 {
+                o.backing = Some(Arc::clone(file));
+            }
+            o.writers += 1;
+        }
+        first
+    }
+
+    /// Unregisters a handle of `ino`.
+    pub fn close_handle(&mut self, ino: u64, write: bool) -> Closed {
+        let Some(o) = self.open.get(&ino) else {
+            self.sub("open handles", ino, 0, 1);
+            return Closed {
+                last_writer: None,
+                last: false,
+            };
+        };
+        let (handles, writers) = (u64::from(o.handles), u64::from(o.writers));
+        let handles = self.sub("open handles", ino, handles, 1) as u32;
+        let writers = if write {
+            self.sub("open writers", ino, writers, 1) as u32
+        } else {
+            writers as u32
+        };
+        let o = self.open.get_mut(&ino).expect("checked above");
+        o.handles = handles;
+        o.writers = writers;
+        let last_writer = if write && writers == 0 {
+            o.backing.take()
+        } else {
+            None
+        };
+        let last = handles == 0;
+        if last {
+            self.open.remove(&ino);
+        }
+        Closed { last_writer, last }
+    }
+
+    /// The backing descriptor writers share, while a writer has `ino` open.
+    pub fn writer_backing(&self, ino: u64) -> Option<Arc<File>> {
+        self.open.get(&ino).and_then(|o| o.backing.clone())
+    }
+
+    /// A backing descriptor of `ino` while any handle has it open.
+    pub fn any_backing(&self, ino: u64) -> Option<Arc<File>> {
+        self.open.get(&ino).and_then(|o| o.any.clone())
+    }
+}
