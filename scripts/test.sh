@@ -7,8 +7,9 @@
 # missing (apt packages, a Rust toolchain, the `tests` user pjdfstest needs,
 # pjdfstest itself), then runs:
 #   1. cargo fmt --all -- --check
-#   2. cargo clippy --all-targets -- -D warnings
-#   3. cargo test --release --no-fail-fast: unit and property tests, and
+#   2. cargo clippy --workspace --all-targets -- -D warnings
+#   3. cargo test --workspace --release --no-fail-fast: unit and property tests
+#      (the core, the control protocol, the bench), and
 #      tests/mount_*.rs, which format and mount real volumes through /dev/fuse
 #      (among them the full-disk durability test, tests/mount_enospc.rs: a
 #      writer outside safs fills the filesystem under the volume while safs
@@ -173,13 +174,13 @@ step() {
 }
 
 step "cargo fmt --all -- --check" cargo fmt --all -- --check
-step "cargo clippy --all-targets -- -D warnings" cargo clippy --all-targets --locked -- -D warnings
+step "cargo clippy --workspace --all-targets -- -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
 
 # cargo test --release, with per-binary counts taken from its output.
-say "cargo test --release"
+say "cargo test --workspace --release"
 t0=$SECONDS
 set +e
-timeout -k 30 "$CARGO_TEST_TIMEOUT" cargo test --release --locked --no-fail-fast -- --test-threads=2 2>&1 | tee "$WORK/cargo-test.log"
+timeout -k 30 "$CARGO_TEST_TIMEOUT" cargo test --workspace --release --locked --no-fail-fast -- --test-threads=2 2>&1 | tee "$WORK/cargo-test.log"
 rc=${PIPESTATUS[0]}
 set -e
 read -r passed failed ignored < <(awk '/^test result:/ {
@@ -192,7 +193,7 @@ read -r passed failed ignored < <(awk '/^test result:/ {
 TOTAL_PASSED=$((TOTAL_PASSED + passed))
 TOTAL_FAILED=$((TOTAL_FAILED + failed))
 TOTAL_SKIPPED=$((TOTAL_SKIPPED + ignored))
-desc="cargo test --release: $passed passed, $failed failed, $ignored ignored"
+desc="cargo test --workspace --release: $passed passed, $failed failed, $ignored ignored"
 if [ "$rc" = 124 ]; then desc="$desc (TIMED OUT after ${CARGO_TEST_TIMEOUT}s)"; fi
 if [ "$rc" = 0 ] && [ "$failed" = 0 ] && [ "$passed" -gt 0 ]; then
   record PASS $((SECONDS - t0)) "$desc"

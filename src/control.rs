@@ -1,5 +1,7 @@
-//! The daemon's control socket, `<volume>/control.sock` (mode 0600): how
-//! `safs info --stats` and `safs bench` talk to a running mount.
+//! The daemon's side of its control socket, `<volume>/control.sock` (mode
+//! 0600): how `safs info`, `safs sync`, `mount -o remount` and `safs bench`
+//! talk to a running mount. The protocol's types and the client call are
+//! in the `safs-control` crate (the bench depends on it alone).
 //!
 //! Protocol: one request line, one JSON reply line.
 //! - `stats`: request counts and latency histograms per FUSE operation, plus
@@ -13,51 +15,14 @@
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+pub use safs_control::{Health, Reply, StatsReply, request, socket_path};
 
 use crate::core::Fs;
-use crate::fuse::stats::{OpReport, Stats};
-
-pub fn socket_path(volume: &Path) -> PathBuf {
-    volume.join("control.sock")
-}
-
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct StatsReply {
-    pub pid: u32,
-    pub ops: Vec<OpReport>,
-    pub cached_inodes: usize,
-    pub inode_cache_capacity: usize,
-    /// The daemon's peak resident memory (VmHWM), KiB. It counts the
-    /// engine's memory-mapped file pages too (page cache, reclaimable).
-    #[serde(default)]
-    pub peak_rss_kib: u64,
-    /// The daemon's anonymous resident memory now (RssAnon), KiB: heap and
-    /// caches, the part the cache bound governs.
-    #[serde(default)]
-    pub rss_anon_kib: u64,
-    /// Bytes the inode cache holds now, and the most it may hold.
-    #[serde(default)]
-    pub cache_bytes: u64,
-    #[serde(default)]
-    pub cache_budget_bytes: u64,
-    /// Metadata engine reads and commits since the mount.
-    #[serde(default)]
-    pub engine: crate::meta::EngineCounters,
-    /// The volume's inline xattr budget, bytes.
-    #[serde(default)]
-    pub inline_bytes: u64,
-    /// The group committer: failing or not, records waiting, space held.
-    #[serde(default)]
-    pub commits: Option<crate::core::Health>,
-    /// Impossible counts met since the mount: 0 unless safs has a bug.
-    #[serde(default)]
-    pub broken_counts: u64,
-}
+use crate::fuse::stats::Stats;
 
 /// A `kB` figure of this process's `/proc/self/status` (0 if unreadable).
 fn status_kib(status: &str, field: &str) -> u64 {
@@ -66,13 +31,6 @@ fn status_kib(status: &str, field: &str) -> u64 {
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
-}
-
-#[derive(Serialize, Deserialize)]
-struct Reply {
-    ok: bool,
-    error: Option<String>,
-    stats: Option<StatsReply>,
 }
 
 /// Serves the control socket on a thread of its own until the process ends.
@@ -114,24 +72,32 @@ fn handle(conn: UnixStream, fs: &Fs, stats: &Stats) -> std::io::Result<()> {
                     rss_anon_kib: status_kib(&status, "RssAnon"),
                     cache_bytes: cache.bytes as u64,
                     cache_budget_bytes: cache.byte_budget as u64,
-                    engine: fs.engine_counters(),
+                    engine: {
+                        let e = fs.engine_counters();
+                        safs_control::EngineCounters {
+                            gets: e.gets,
+                            scans: e.scans,
+                            commits: e.commits,
+                        }
+                    },
                     inline_bytes: fs.inline_budget() as u64,
-                    commits: Some(fs.health()),
+                    commits: Some({
+                        let h = fs.health();
+                        Health {
+                            failure: h.failure,
+                            failing_for_s: h.failing_for_s,
+                            waiting_records: h.waiting_records,
+                            held_bytes: h.held_bytes,
+                            need_bytes: h.need_bytes,
+                        }
+                    }),
                     broken_counts: fs.broken_counts(),
                 }),
             }
         }
         "sync" => match fs.sync() {
-            Ok(()) => Reply {
-                ok: true,
-                error: None,
-                stats: None,
-            },
-            Err(e) => Reply {
-                ok: false,
-                error: Some(e.to_string()),
-                stats: None,
-            },
+            Ok(()) => Reply::done(),
+            Err(e) => Reply::failed(e.to_string()),
         },
         cmd if cmd.starts_with("atime ") => {
             let mut a = crate::core::Atime::default();
@@ -145,43 +111,15 @@ fn handle(conn: UnixStream, fs: &Fs, stats: &Stats) -> std::io::Result<()> {
                 }
             }
             fs.set_atime(a);
-            Reply {
-                ok: true,
-                error: None,
-                stats: None,
-            }
+            Reply::done()
         }
         "drop-caches" => {
             fs.drop_caches();
-            Reply {
-                ok: true,
-                error: None,
-                stats: None,
-            }
+            Reply::done()
         }
-        other => Reply {
-            ok: false,
-            error: Some(format!("unknown command {other:?}")),
-            stats: None,
-        },
+        other => Reply::failed(format!("unknown command {other:?}")),
     };
     let mut w = &conn;
     serde_json::to_writer(&mut w, &reply)?;
     w.write_all(b"\n")
-}
-
-/// Sends `cmd` to the daemon serving `volume`; returns its stats if any.
-pub fn request(volume: &Path, cmd: &str) -> anyhow::Result<Option<StatsReply>> {
-    let path = socket_path(volume);
-    let mut conn = UnixStream::connect(&path)
-        .map_err(|e| anyhow::anyhow!("cannot reach the safs daemon at {}: {e}", path.display()))?;
-    conn.set_read_timeout(Some(Duration::from_secs(60)))?;
-    conn.write_all(format!("{cmd}\n").as_bytes())?;
-    let mut line = String::new();
-    BufReader::new(&conn).read_line(&mut line)?;
-    let reply: Reply = serde_json::from_str(&line)?;
-    if !reply.ok {
-        anyhow::bail!("daemon: {}", reply.error.unwrap_or_default());
-    }
-    Ok(reply.stats)
 }

@@ -10,12 +10,11 @@
 // (Tests that write LMDB files of their own open them the same way.)
 #![deny(unsafe_code)]
 
-pub mod bench;
 pub mod control;
 pub mod core;
 pub mod format;
 pub mod fsck;
 pub mod fuse;
 pub mod meta;
-pub mod mountinfo;
+pub use safs_control::mountinfo;
 pub mod process;

@@ -1,11 +1,11 @@
-//! `safs bench`: flags → [`safs::bench::Config`]; the work is in the library.
+//! `safs bench`: flags → [`safs_bench::Config`]; the work is in the `safs-bench` crate.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use clap::Args;
 
-use safs::bench::config::{self, Scale, TargetSpec, Test};
+use safs_bench::config::{self, Scale, TargetSpec, Test};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -79,7 +79,7 @@ impl BenchArgs {
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let cfg = a.into_config()?;
-    let out = safs::bench::run(cfg)?;
+    let out = safs_bench::run(cfg)?;
     println!("results: {}", out.display());
     if let Ok(md) = std::fs::read_to_string(out.join("results.md")) {
         println!("\n{md}");

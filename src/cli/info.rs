@@ -3,8 +3,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::Args;
 
+use safs::control::Health;
 use safs::control::StatsReply;
-use safs::core::Health;
 use safs::core::volume::{self, Layout, VolumeLock};
 
 #[derive(Args, Debug)]

@@ -8,8 +8,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
-
 macro_rules! ops {
     ($($name:ident => $text:literal),+ $(,)?) => {
         /// The FUSE operations safs answers.
@@ -32,9 +30,7 @@ ops! {
     Create => "create", Fallocate => "fallocate", Lseek => "lseek", Ioctl => "ioctl",
 }
 
-/// Histogram buckets: bucket `i` counts requests that took < 2^i µs (the
-/// last one everything slower).
-pub const BUCKETS: usize = 24;
+pub use safs_control::{BUCKETS, OpReport};
 
 struct OpStats {
     count: AtomicU64,
@@ -78,16 +74,6 @@ impl Drop for Timer<'_> {
         let bucket = (u64::BITS - us.leading_zeros()) as usize;
         s.hist[bucket.min(BUCKETS - 1)].fetch_add(1, Ordering::Relaxed);
     }
-}
-
-/// One operation's figures, as reported.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct OpReport {
-    pub op: String,
-    pub count: u64,
-    pub total_ns: u64,
-    /// `hist[i]`: requests that took < 2^i µs (and ≥ 2^(i-1) µs).
-    pub hist: Vec<u64>,
 }
 
 impl Stats {

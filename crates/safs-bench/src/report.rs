@@ -775,8 +775,8 @@ pub fn t5_chart(r: &Results) -> Chart {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::config::{Scale, Sizes};
-    use crate::bench::record::{Machine, Rep, TargetInfo};
+    use crate::config::{Scale, Sizes};
+    use crate::record::{Machine, Rep, TargetInfo};
 
     fn target(label: &str, safs: bool) -> TargetInfo {
         TargetInfo {

@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 use super::record::{DaemonMem, Requests, TargetInfo};
-use crate::core::volume::VolumeLock;
-use crate::mountinfo::{self, MountEntry};
+
+use safs_control::mountinfo::{self, MountEntry};
 
 /// A safs mount the bench can restart.
 #[derive(Clone, Debug)]
@@ -121,7 +121,7 @@ impl Target {
             inline_bytes: self
                 .safs
                 .as_ref()
-                .and_then(|s| crate::control::request(&s.volume, "stats").ok().flatten())
+                .and_then(|s| safs_control::request(&s.volume, "stats").ok().flatten())
                 .map(|r| r.inline_bytes)
                 .filter(|b| *b > 0),
             cold: self.cold.borrow().clone(),
@@ -135,7 +135,7 @@ impl Target {
     /// operations (`get`, `scan`, `commit`).
     pub fn requests(&self) -> anyhow::Result<Option<Snapshot>> {
         let Some(s) = &self.safs else { return Ok(None) };
-        let reply = crate::control::request(&s.volume, "stats")
+        let reply = safs_control::request(&s.volume, "stats")
             .with_context(|| format!("target {}: cannot read request counts", self.label))?
             .unwrap_or_default();
         let counts = reply.ops.iter().map(|o| (o.op.clone(), o.count)).collect();
@@ -186,7 +186,7 @@ impl Target {
                     return Ok(None);
                 }
                 Err(e) => {
-                    crate::control::request(&s.volume, "drop-caches")
+                    safs_control::request(&s.volume, "drop-caches")
                         .with_context(|| format!("target {}: drop-caches", self.label))?;
                     let w = format!(
                         "target {}: could not unmount for a cold phase ({e}); used the daemon's drop-caches instead",
@@ -228,7 +228,7 @@ pub fn unmount_with_retry(mountpoint: &Path, patience: Duration) -> anyhow::Resu
 /// Waits until no daemon holds the volume (it has committed and exited).
 pub fn wait_unlocked(volume: &Path, patience: Duration) -> anyhow::Result<()> {
     let start = Instant::now();
-    while VolumeLock::is_held(volume) {
+    while safs_control::volume_in_use(volume) {
         if start.elapsed() > patience {
             bail!(
                 "the safs daemon of {} did not exit within {:?} of the unmount",

@@ -1,0 +1,157 @@
+//! The safs daemon's control socket, `<volume>/control.sock` (mode 0600),
+//! as its clients see it: the protocol's types, the client call, and how
+//! to find a volume's mount and tell whether a daemon serves it. The
+//! daemon side is `safs::control`; `safs info`, `safs sync` and
+//! `safs bench` are clients, and the bench depends on nothing else of safs.
+//!
+//! Protocol: one request line, one JSON reply line ([`Reply`]).
+//! - `stats`: request counts and latency histograms per FUSE operation, the
+//!   inode cache's figures, the engine's counters, the committer's health;
+//! - `sync`: make every change so far durable (what `syncfs` would do, had
+//!   Linux forwarded it);
+//! - `drop-caches`: empty the daemon's inode cache (cold-cache benchmarks);
+//! - `atime <noatime|relatime|strictatime> [nodiratime]`: new access-time
+//!   rules (sent by `mount -o remount,...`).
+
+pub mod mountinfo;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Where a volume's daemon listens.
+pub fn socket_path(volume: &Path) -> PathBuf {
+    volume.join("control.sock")
+}
+
+/// Histogram buckets of [`OpReport::hist`]: bucket `i` counts requests
+/// that took less than `2^i` µs (and at least `2^(i-1)`); the last one
+/// everything slower.
+pub const BUCKETS: usize = 24;
+
+/// The upper bound of histogram bucket `i`, µs (`None` for the last,
+/// which has none).
+pub fn bucket_bound_us(i: usize) -> Option<u64> {
+    (i + 1 < BUCKETS).then(|| 1u64 << i)
+}
+
+/// One FUSE operation's figures since the mount.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct OpReport {
+    pub op: String,
+    pub count: u64,
+    /// Time spent inside the handler, summed.
+    pub total_ns: u64,
+    /// See [`BUCKETS`].
+    pub hist: Vec<u64>,
+}
+
+/// What the metadata engine has served since the mount.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineCounters {
+    pub gets: u64,
+    pub scans: u64,
+    pub commits: u64,
+}
+
+/// The group committer: failing or not, records waiting, space held.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Health {
+    /// Set while commits fail: `"no space"` or `"I/O error"`, and the error.
+    pub failure: Option<String>,
+    /// Seconds since commits started failing.
+    pub failing_for_s: u64,
+    /// Changes (records) accepted and not yet durable.
+    pub waiting_records: u64,
+    /// Disk space the engine holds ahead of its commits, bytes.
+    pub held_bytes: u64,
+    /// Worst case of what is accepted and not yet committed, bytes.
+    pub need_bytes: u64,
+}
+
+/// The reply to `stats`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct StatsReply {
+    pub pid: u32,
+    pub ops: Vec<OpReport>,
+    pub cached_inodes: usize,
+    pub inode_cache_capacity: usize,
+    /// The daemon's peak resident memory (VmHWM), KiB. It counts the
+    /// engine's memory-mapped file pages too (page cache, reclaimable).
+    #[serde(default)]
+    pub peak_rss_kib: u64,
+    /// The daemon's anonymous resident memory now (RssAnon), KiB: heap and
+    /// caches, the part the cache bound governs.
+    #[serde(default)]
+    pub rss_anon_kib: u64,
+    /// Bytes the inode cache holds now, and the most it may hold.
+    #[serde(default)]
+    pub cache_bytes: u64,
+    #[serde(default)]
+    pub cache_budget_bytes: u64,
+    /// Metadata engine reads and commits since the mount.
+    #[serde(default)]
+    pub engine: EngineCounters,
+    /// The volume's inline xattr budget, bytes.
+    #[serde(default)]
+    pub inline_bytes: u64,
+    #[serde(default)]
+    pub commits: Option<Health>,
+    /// Impossible counts met since the mount: 0 unless safs has a bug.
+    #[serde(default)]
+    pub broken_counts: u64,
+}
+
+/// One reply line.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Reply {
+    pub ok: bool,
+    pub error: Option<String>,
+    pub stats: Option<StatsReply>,
+}
+
+impl Reply {
+    pub fn done() -> Reply {
+        Reply {
+            ok: true,
+            error: None,
+            stats: None,
+        }
+    }
+
+    pub fn failed(error: String) -> Reply {
+        Reply {
+            ok: false,
+            error: Some(error),
+            stats: None,
+        }
+    }
+}
+
+/// Sends `cmd` to the daemon serving `volume`; returns its stats if any.
+pub fn request(volume: &Path, cmd: &str) -> anyhow::Result<Option<StatsReply>> {
+    let path = socket_path(volume);
+    let mut conn = UnixStream::connect(&path)
+        .map_err(|e| anyhow::anyhow!("cannot reach the safs daemon at {}: {e}", path.display()))?;
+    conn.set_read_timeout(Some(Duration::from_secs(60)))?;
+    conn.write_all(format!("{cmd}\n").as_bytes())?;
+    let mut line = String::new();
+    BufReader::new(&conn).read_line(&mut line)?;
+    let reply: Reply = serde_json::from_str(&line)?;
+    if !reply.ok {
+        anyhow::bail!("daemon: {}", reply.error.unwrap_or_default());
+    }
+    Ok(reply.stats)
+}
+
+/// Whether some process — a daemon serving it, or `safs fsck` — holds the
+/// lock of the volume at `volume` (`<volume>/lock`, an `flock`).
+pub fn volume_in_use(volume: &Path) -> bool {
+    let Ok(file) = std::fs::File::open(volume.join("lock")) else {
+        return false;
+    };
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockSharedNonblock).is_err()
+}
