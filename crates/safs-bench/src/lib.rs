@@ -249,6 +249,62 @@ impl Ctx<'_> {
     }
 }
 
+/// One test on one target: where it works, and where its rows go. Every
+/// table (`t1` … `t7`) is a `fn run(s: &mut Step<'_>) -> anyhow::Result<()>`
+/// that makes its rows with [`Step::row`], fills them with [`Ctx::phase`]
+/// (a timed loop is usually [`timed_each`]) and hands them over with
+/// [`Step::done`].
+pub struct Step<'a> {
+    pub ctx: &'a Ctx<'a>,
+    pub t: &'a Target,
+    /// The test's own directory on the target (removed after the test).
+    pub dir: &'a Path,
+    test: Test,
+    out: &'a mut Vec<Measurement>,
+}
+
+impl Step<'_> {
+    /// A row of this test and target: `case`, at size `n` if the table has
+    /// sizes.
+    pub fn row(&self, case: &str, n: Option<u64>, unit: Unit) -> Measurement {
+        Measurement::new(self.test, &self.t.label, case, n, unit)
+    }
+
+    /// A phase's progress label: "T1 safs: set cold 32 B ×10000".
+    pub fn label(&self, what: &str) -> String {
+        format!("{} {}: {what}", self.test, self.t.label)
+    }
+
+    /// Hands the rows over, in the order the report shows them.
+    pub fn done(&mut self, rows: impl IntoIterator<Item = Measurement>) {
+        self.out.extend(rows);
+    }
+
+    /// Removes a size's directory and stops if the run was interrupted:
+    /// the end of each size of a table that has sizes.
+    pub fn next_size(&self, d: &Path) -> anyhow::Result<()> {
+        ops::remove_tree(self.ctx, d);
+        self.ctx
+            .check_stop()
+            .map_err(|_| anyhow::anyhow!("interrupted"))
+    }
+}
+
+/// A timed loop: `op` on every item, with the interrupt and progress check
+/// each table loop needs; the time of the whole loop.
+pub fn timed_each<T>(
+    ctx: &Ctx<'_>,
+    items: &[T],
+    mut op: impl FnMut(usize, &T) -> Result<(), Fail>,
+) -> Result<Timed, Fail> {
+    let start = Instant::now();
+    for (i, item) in items.iter().enumerate() {
+        ctx.tick(i)?;
+        op(i, item)?;
+    }
+    Ok(Timed::of(start.elapsed()))
+}
+
 /// Runs a test's preparation; `Na` marks every listed measurement n/a.
 pub fn prepared<T>(r: Result<T, Fail>, ms: &mut [&mut Measurement]) -> anyhow::Result<Option<T>> {
     match r {
@@ -448,14 +504,21 @@ pub fn run(cfg: Config) -> anyhow::Result<PathBuf> {
             progress.step(&format!("{test} on {}", t.label));
             let step_start = Instant::now();
             let dir = base.join(test.to_string());
+            let mut step = Step {
+                ctx: &ctx,
+                t,
+                dir: &dir,
+                test,
+                out: &mut measurements,
+            };
             let res = match test {
-                Test::T1 => t1::run(&ctx, t, &dir, &mut measurements),
-                Test::T2 => t2::run(&ctx, t, &dir, &mut measurements),
-                Test::T3 => t3::run(&ctx, t, &dir, &mut measurements),
-                Test::T4 => t4::run(&ctx, t, &dir, &mut measurements),
-                Test::T5 => t5::run(&ctx, t, &dir, &mut measurements),
-                Test::T6 => t6::run(&ctx, t, &dir, &mut measurements),
-                Test::T7 => t7::run(&ctx, t, &dir, &mut measurements),
+                Test::T1 => t1::run(&mut step),
+                Test::T2 => t2::run(&mut step),
+                Test::T3 => t3::run(&mut step),
+                Test::T4 => t4::run(&mut step),
+                Test::T5 => t5::run(&mut step),
+                Test::T6 => t6::run(&mut step),
+                Test::T7 => t7::run(&mut step),
             };
             progress.step_done();
             ops::remove_tree(&ctx, &dir);

@@ -76,19 +76,15 @@ pub fn create_all(ctx: &Ctx<'_>, paths: &[CString], what: &str) -> Result<(), Fa
     Ok(())
 }
 
-/// Removes a directory tree, untimed; failures are only reported.
 /// Unlinks every path in order, timed (the remove/delete phases of T5, T6).
 pub fn unlink_all(ctx: &Ctx<'_>, paths: &[CString]) -> Result<super::Timed, Fail> {
-    let n = paths.len();
-    let start = std::time::Instant::now();
-    for (i, p) in paths.iter().enumerate() {
-        ctx.tick(i)?;
+    super::timed_each(ctx, paths, |i, p| {
         rustix::fs::unlinkat(rustix::fs::CWD, p.as_c_str(), AtFlags::empty())
-            .map_err(|e| na(e, "unlink", i, n))?;
-    }
-    Ok(super::Timed::of(start.elapsed()))
+            .map_err(|e| na(e, "unlink", i, paths.len()))
+    })
 }
 
+/// Removes a directory tree, untimed; failures are only reported.
 pub fn remove_tree(ctx: &Ctx<'_>, dir: &Path) {
     if let Err(e) = std::fs::remove_dir_all(dir)
         && e.kind() != std::io::ErrorKind::NotFound

@@ -13,36 +13,27 @@
 //! A size the filesystem refuses (ext4 from 4 KiB: ENOSPC) is n/a for all
 //! four; the directory is removed before the next size.
 
-use std::path::Path;
-use std::time::Instant;
-
 use rustix::fs::XattrFlags;
 
 use super::ops::{self, na};
-use super::record::{Measurement, Unit};
-use super::target::Target;
-use super::{Ctx, Fail, PhaseSpec, Test, Timed, prepared, skipped};
+use super::record::Unit;
+use super::{Ctx, Fail, PhaseSpec, Step, Timed, prepared, skipped, timed_each};
 
 const NAME: &std::ffi::CStr = c"user.test";
 
-pub fn run(
-    ctx: &Ctx<'_>,
-    t: &Target,
-    dir: &Path,
-    out: &mut Vec<Measurement>,
-) -> anyhow::Result<()> {
+pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
+    let (ctx, t) = (s.ctx, s.t);
     let f = ctx.sizes.t1_files;
     let reps = ctx.cfg.reps;
     for &n in &ctx.sizes.t1_sizes {
-        let m =
-            |case: &str| Measurement::new(Test::T1, &t.label, case, Some(n as u64), Unit::UsPerOp);
-        let (mut set_cold, mut set_hot, mut get_hot, mut get_cold) =
-            (m("set cold"), m("set hot"), m("get hot"), m("get cold"));
-        let d = dir.join(format!("n{n}"));
+        let [mut set_cold, mut set_hot, mut get_hot, mut get_cold] =
+            ["set cold", "set hot", "get hot", "get cold"]
+                .map(|c| s.row(c, Some(n as u64), Unit::UsPerOp));
+        let d = s.dir.join(format!("n{n}"));
         let paths = ops::names(&d, "f", f);
         let ready = prepared(
             ops::mkdirs(&d).and_then(|()| {
-                ops::create_all(ctx, &paths, &format!("T1 {}: create {f} files", t.label))
+                ops::create_all(ctx, &paths, &s.label(&format!("create {f} files")))
             }),
             &mut [&mut set_cold, &mut set_hot, &mut get_hot, &mut get_cold],
         )?;
@@ -50,28 +41,23 @@ pub fn run(
             // A recognisable pattern, not zeros (nothing may compress it).
             let value: Vec<u8> = (0..n).map(|i| (i * 7 + 13) as u8).collect();
             let set = |ctx: &Ctx<'_>| -> Result<Timed, Fail> {
-                let start = Instant::now();
-                for (i, p) in paths.iter().enumerate() {
-                    ctx.tick(i)?;
+                timed_each(ctx, &paths, |i, p| {
                     rustix::fs::setxattr(p.as_c_str(), NAME, &value, XattrFlags::empty())
-                        .map_err(|e| na(e, "setxattr", i, f))?;
-                }
-                Ok(Timed::of(start.elapsed()))
+                        .map_err(|e| na(e, "setxattr", i, f))
+                })
             };
             let mut buf = vec![0u8; 65_536];
             let mut get = |ctx: &Ctx<'_>| -> Result<Timed, Fail> {
-                let start = Instant::now();
-                for (i, p) in paths.iter().enumerate() {
-                    ctx.tick(i)?;
+                timed_each(ctx, &paths, |i, p| {
                     let len = rustix::fs::getxattr(p.as_c_str(), NAME, &mut buf[..])
                         .map_err(|e| na(e, "getxattr", i, f))?;
                     if len != n {
                         return Err(Fail::Na(format!("getxattr returned {len} bytes, not {n}")));
                     }
-                }
-                Ok(Timed::of(start.elapsed()))
+                    Ok(())
+                })
             };
-            let label = |what: &str| format!("T1 {}: {what} {n} B ×{f}", t.label);
+            let label = |what: &str| s.label(&format!("{what} {n} B ×{f}"));
             let spec = |l, reps, cold| PhaseSpec::new(l, f as u64, reps, cold);
             let l = label("set cold");
             if ctx.phase(t, &mut set_cold, spec(&l, 1, true), &set)? {
@@ -90,10 +76,8 @@ pub fn run(
                 }
             }
         }
-        out.extend([set_cold, set_hot, get_hot, get_cold]);
-        ops::remove_tree(ctx, &d);
-        ctx.check_stop()
-            .map_err(|_| anyhow::anyhow!("interrupted"))?;
+        s.done([set_cold, set_hot, get_hot, get_cold]);
+        s.next_size(&d)?;
     }
     Ok(())
 }

@@ -14,10 +14,9 @@ use std::time::Instant;
 use rustix::fs::{Mode, OFlags};
 
 use super::ops::{self, cpath, errno_name, na};
-use super::record::{Measurement, Unit};
-use super::target::Target;
+use super::record::Unit;
 use super::tree::{self, Kind, WRITTEN_MAX};
-use super::{Ctx, Fail, PhaseSpec, Test, Timed, prepared, skipped};
+use super::{Ctx, Fail, PhaseSpec, Step, Timed, prepared, skipped};
 
 /// Seed of the tree: fixed, so every target and every run walks the same one.
 const SEED: u64 = 0x5AF5_0002;
@@ -63,17 +62,12 @@ fn build(ctx: &Ctx<'_>, root: &Path, entries: usize) -> Result<u64, Fail> {
     Ok(plan.len() as u64)
 }
 
-pub fn run(
-    ctx: &Ctx<'_>,
-    t: &Target,
-    dir: &Path,
-    out: &mut Vec<Measurement>,
-) -> anyhow::Result<()> {
+pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
+    let (ctx, t, dir) = (s.ctx, s.t, s.dir);
     let reps = ctx.cfg.reps;
     let calls = ctx.sizes.t2_fstat_calls;
-    let mut fstat = Measurement::new(Test::T2, &t.label, "fstat", None, Unit::UsPerOp);
-    let mut du_cold = Measurement::new(Test::T2, &t.label, "du cold", None, Unit::Seconds);
-    let mut du_hot = Measurement::new(Test::T2, &t.label, "du hot", None, Unit::Seconds);
+    let mut fstat = s.row("fstat", None, Unit::UsPerOp);
+    let [mut du_cold, mut du_hot] = ["du cold", "du hot"].map(|c| s.row(c, None, Unit::Seconds));
 
     // fstat on one open file.
     let file = dir.join("stat-me");
@@ -91,7 +85,7 @@ pub fn run(
         &mut [&mut fstat],
     )?;
     if let Some(fd) = fd {
-        let l = format!("T2 {}: fstat ×{calls}", t.label);
+        let l = s.label(&format!("fstat ×{calls}"));
         ctx.phase(
             t,
             &mut fstat,
@@ -131,14 +125,14 @@ pub fn run(
             }
             Ok(Timed::of(elapsed))
         };
-        let l = format!("T2 {}: du cold", t.label);
+        let l = s.label("du cold");
         let ok = ctx.phase(
             t,
             &mut du_cold,
             PhaseSpec::new(&l, entries, reps, true),
             walk,
         )?;
-        let l = format!("T2 {}: du hot", t.label);
+        let l = s.label("du hot");
         if ok
             || du_cold
                 .error
@@ -155,6 +149,6 @@ pub fn run(
             skipped(&mut du_hot, &du_cold);
         }
     }
-    out.extend([fstat, du_cold, du_hot]);
+    s.done([fstat, du_cold, du_hot]);
     Ok(())
 }

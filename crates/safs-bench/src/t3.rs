@@ -16,16 +16,14 @@
 
 use std::ffi::CString;
 use std::os::fd::AsFd;
-use std::path::Path;
 use std::time::Instant;
 
 use rustix::fs::XattrFlags;
 
 use super::ops::{self, na};
-use super::record::{Measurement, Unit, mean_sd};
-use super::target::Target;
+use super::record::{Unit, mean_sd};
 use super::tree::Rng;
-use super::{Ctx, Fail, PhaseSpec, Test, Timed, prepared, skipped};
+use super::{Ctx, Fail, PhaseSpec, Step, Timed, prepared, skipped, timed_each};
 
 /// The chunk names of `chunks` chunks, Swift's scheme.
 pub fn chunk_names(chunks: usize) -> Vec<CString> {
@@ -52,12 +50,8 @@ fn read_object(
     Ok(total)
 }
 
-pub fn run(
-    ctx: &Ctx<'_>,
-    t: &Target,
-    dir: &Path,
-    out: &mut Vec<Measurement>,
-) -> anyhow::Result<()> {
+pub fn run(st: &mut Step<'_>) -> anyhow::Result<()> {
+    let (ctx, t) = (st.ctx, st.t);
     let s = ctx.sizes;
     let reps = ctx.cfg.reps;
     let files = s.t3_files;
@@ -66,40 +60,33 @@ pub fn run(
         .map(|_| rng.next_u64() as u8)
         .collect();
     for &c in &s.t3_chunks {
-        let m =
-            |case: &str| Measurement::new(Test::T3, &t.label, case, Some(c as u64), Unit::UsPerOp);
-        let (mut write, mut hot, mut cold) = (m("write"), m("read hot"), m("read cold"));
-        let d = dir.join(format!("c{c}"));
+        let [mut write, mut hot, mut cold] = ["write", "read hot", "read cold"]
+            .map(|case| st.row(case, Some(c as u64), Unit::UsPerOp));
+        let d = st.dir.join(format!("c{c}"));
         let paths = ops::names(&d, "obj", files);
         let chunks: Vec<&[u8]> = metadata.chunks(c).collect();
         let names = chunk_names(chunks.len());
         let ready = prepared(
             ops::mkdirs(&d).and_then(|()| {
-                ops::create_all(
-                    ctx,
-                    &paths,
-                    &format!("T3 {}: create {files} objects", t.label),
-                )
+                ops::create_all(ctx, &paths, &st.label(&format!("create {files} objects")))
             }),
             &mut [&mut write, &mut hot, &mut cold],
         )?;
         if ready.is_some() {
-            let l = format!("T3 {}: write C={c}", t.label);
+            let l = st.label(&format!("write C={c}"));
             let wrote = ctx.phase(
                 t,
                 &mut write,
                 PhaseSpec::new(&l, files as u64, 1, false),
                 |ctx| {
-                    let start = Instant::now();
-                    for (i, p) in paths.iter().enumerate() {
-                        ctx.tick(i)?;
+                    timed_each(ctx, &paths, |i, p| {
                         let fd = ops::open_read(p).map_err(|e| na(e, "open", i, files))?;
                         for (n, v) in names.iter().zip(&chunks) {
                             rustix::fs::fsetxattr(fd.as_fd(), n.as_c_str(), v, XattrFlags::empty())
                                 .map_err(|e| na(e, "fsetxattr", i, files))?;
                         }
-                    }
-                    Ok(Timed::of(start.elapsed()))
+                        Ok(())
+                    })
                 },
             )?;
             if wrote {
@@ -128,14 +115,14 @@ pub fn run(
                         value: Some(mean),
                     })
                 };
-                let l = format!("T3 {}: read hot C={c}", t.label);
+                let l = st.label(&format!("read hot C={c}"));
                 ctx.phase(
                     t,
                     &mut hot,
                     PhaseSpec::new(&l, s.t3_reads as u64, reps, false),
                     |ctx| reads(ctx, s.t3_reads),
                 )?;
-                let l = format!("T3 {}: read cold C={c}", t.label);
+                let l = st.label(&format!("read cold C={c}"));
                 ctx.phase(
                     t,
                     &mut cold,
@@ -147,10 +134,8 @@ pub fn run(
                 skipped(&mut cold, &write);
             }
         }
-        out.extend([write, hot, cold]);
-        ops::remove_tree(ctx, &d);
-        ctx.check_stop()
-            .map_err(|_| anyhow::anyhow!("interrupted"))?;
+        st.done([write, hot, cold]);
+        st.next_size(&d)?;
     }
     Ok(())
 }

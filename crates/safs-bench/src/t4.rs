@@ -12,10 +12,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::ops;
-use super::record::{Measurement, Rep, Unit};
+use super::record::{Rep, Unit};
 use super::setup::find_program;
-use super::target::Target;
-use super::{Ctx, Fail, PhaseSpec, Test, Timed};
+use super::{Ctx, Fail, PhaseSpec, Step, Timed};
 
 /// Where Debian (and a source install) keep the client loadfile.
 const LOADFILES: [&str; 3] = [
@@ -179,24 +178,19 @@ fn dbench(ctx: &Ctx<'_>, dir: &Path, xattr: bool) -> Result<(Timed, DbenchSummar
     }
 }
 
-pub fn run(
-    ctx: &Ctx<'_>,
-    t: &Target,
-    dir: &Path,
-    out: &mut Vec<Measurement>,
-) -> anyhow::Result<()> {
+pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
+    let (ctx, t) = (s.ctx, s.t);
     let mut figures = Vec::new();
     for (case, xattr) in [("no xattr", false), ("xattr (-x)", true)] {
-        let mut m = Measurement::new(Test::T4, &t.label, case, None, Unit::MbPerSec);
+        let mut m = s.row(case, None, Unit::MbPerSec);
         let mut ops_total = 0;
-        let l = format!(
-            "T4 {}: dbench {} clients {} s{}",
-            t.label,
+        let l = s.label(&format!(
+            "dbench {} clients {} s{}",
             ctx.sizes.t4_clients,
             ctx.sizes.t4_seconds,
             if xattr { " -x" } else { "" }
-        );
-        let run_dir = dir.join(if xattr { "x" } else { "plain" });
+        ));
+        let run_dir = s.dir.join(if xattr { "x" } else { "plain" });
         let secs = u64::from(ctx.sizes.t4_seconds) + 1;
         ctx.phase(t, &mut m, PhaseSpec::new(&l, secs, 1, false), |ctx| {
             let (timed, sum) = dbench(ctx, &run_dir, xattr)?;
@@ -207,10 +201,10 @@ pub fn run(
         m.ops = ops_total.max(1);
         m.note = Some(format!("ops = dbench operations ({ops_total})"));
         figures.push(m.best());
-        out.push(m);
+        s.done([m]);
         ops::remove_tree(ctx, &run_dir);
     }
-    let mut ratio = Measurement::new(Test::T4, &t.label, "xattr / no xattr", None, Unit::Ratio);
+    let mut ratio = s.row("xattr / no xattr", None, Unit::Ratio);
     match (figures[0], figures[1]) {
         (Some(a), Some(b)) if a > 0.0 => {
             ratio.ops = 1;
@@ -226,7 +220,7 @@ pub fn run(
         }
         _ => ratio.error = Some("a dbench run failed".into()),
     }
-    out.push(ratio);
+    s.done([ratio]);
     Ok(())
 }
 

@@ -2,27 +2,21 @@
 //! constantly: the answer must be ENODATA, fast. One file, the same path,
 //! `getxattr(path, "user.absent")` in a loop; best of `--reps`.
 
-use std::path::Path;
 use std::time::Instant;
 
 use rustix::io::Errno;
 
 use super::ops::{self, cpath, errno_name, na};
-use super::record::{Measurement, Unit};
-use super::target::Target;
-use super::{Ctx, Fail, PhaseSpec, Test, Timed, prepared};
+use super::record::Unit;
+use super::{Fail, PhaseSpec, Step, Timed, prepared};
 
-pub fn run(
-    ctx: &Ctx<'_>,
-    t: &Target,
-    dir: &Path,
-    out: &mut Vec<Measurement>,
-) -> anyhow::Result<()> {
+pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
+    let (ctx, t) = (s.ctx, s.t);
     let calls = ctx.sizes.t7_calls;
-    let mut m = Measurement::new(Test::T7, &t.label, "getxattr absent", None, Unit::UsPerOp);
-    let file = cpath(&dir.join("file"));
+    let mut m = s.row("getxattr absent", None, Unit::UsPerOp);
+    let file = cpath(&s.dir.join("file"));
     let ready = prepared(
-        ops::mkdirs(dir).and_then(|()| {
+        ops::mkdirs(s.dir).and_then(|()| {
             ops::create(&file)
                 .map(drop)
                 .map_err(|e| na(e, "create", 0, 1))
@@ -31,7 +25,7 @@ pub fn run(
     )?;
     if ready.is_some() {
         let mut buf = [0u8; 256];
-        let l = format!("T7 {}: getxattr absent ×{calls}", t.label);
+        let l = s.label(&format!("getxattr absent ×{calls}"));
         ctx.phase(
             t,
             &mut m,
@@ -55,6 +49,6 @@ pub fn run(
             },
         )?;
     }
-    out.push(m);
+    s.done([m]);
     Ok(())
 }
