@@ -22,7 +22,8 @@ for pkg_cmd in "fuse3:fusermount3" "attr:getfattr" "acl:getfacl" "build-essentia
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing: ${missing[*]}"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+  # Wait for another apt run (unattended upgrades, a first boot) instead of failing.
+  apt-get -o DPkg::Lock::Timeout=600 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "${missing[@]}"
 fi
 if ! command -v cargo >/dev/null 2>&1; then
   [ -x "$HOME/.cargo/bin/cargo" ] || curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
@@ -51,5 +52,6 @@ cat <<MSG
 safs is mounted on $MOUNTPOINT (volume $VOLUME). Try:
   cd $MOUNTPOINT && touch f && setfattr -n user.demo -v hello f && getfattr -d f
 Unmount with:  umount $MOUNTPOINT
-Mount again:   safs mount $VOLUME $MOUNTPOINT   (or: mount -t fuse.safs $VOLUME $MOUNTPOINT)
+Mount again:   safs mount $VOLUME $MOUNTPOINT -o allow_other
+               (or: mount -t fuse.safs $VOLUME $MOUNTPOINT -o allow_other)
 MSG

@@ -60,8 +60,9 @@ fi
 if [ ${#need[@]} -gt 0 ]; then
   say "installing missing packages: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${need[@]}"
+  # Wait for another apt run (unattended upgrades, a first boot) instead of failing.
+  apt-get -o DPkg::Lock::Timeout=600 update -qq
+  apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${need[@]}"
 fi
 [ -e /dev/fuse ] || modprobe fuse 2>/dev/null || true
 [ -e /dev/fuse ] || die "/dev/fuse is missing: safs's tests need FUSE (modprobe fuse, or run the container with --device /dev/fuse)"
@@ -235,8 +236,15 @@ run_pjdfstest() {
   passed=$(sed -E 's/.* ([0-9]+) passed.*/\1/' <<<"$line")
   TOTAL_PASSED=$((TOTAL_PASSED + passed))
   TOTAL_FAILED=$((TOTAL_FAILED + failed))
-  TOTAL_SKIPPED=$((TOTAL_SKIPPED + skipped))
+  # The EROFS tests the full run skips run (and are counted) in the next
+  # step: count a skip only once.
+  local later=0
+  if [ "$name" = pjdfstest ]; then
+    later=$(grep -cE '::erofs_[a-z_]+ +skipped$' "$log" || true)
+  fi
+  TOTAL_SKIPPED=$((TOTAL_SKIPPED + skipped - later))
   local desc="$name: $passed passed, $failed failed, $skipped skipped"
+  [ "$later" -gt 0 ] && desc="$desc ($later of them run in the next step)"
   if [ "$rc" = 0 ] && [ "$failed" = 0 ] && [ "$passed" -gt 0 ]; then
     record PASS $((SECONDS - t0)) "$desc"
   else

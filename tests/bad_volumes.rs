@@ -217,3 +217,26 @@ fn format_force_starts_a_fresh_volume_and_log() {
     );
     assert_eq!(safs(&["fsck", p(&vol)]).0, 0);
 }
+
+#[test]
+fn info_on_an_unmounted_volume_says_it_is_not_mounted() {
+    let (_t, vol, _) = fresh();
+    let (code, out) = safs(&["info", "--stats", p(&vol)]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("mounted:        no"), "{out}");
+    assert!(out.contains("not mounted"), "{out}");
+    let (code, out) = safs(&["info", "--json", p(&vol)]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("is not mounted"), "{out}");
+}
+
+#[test]
+fn format_of_a_plain_file_says_why_once() {
+    let t = tempfile::tempdir().unwrap();
+    let f = t.path().join("plain");
+    std::fs::write(&f, b"x").unwrap();
+    let (code, out) = safs(&["format", p(&f)]);
+    assert_ne!(code, 0);
+    assert_eq!(out.matches("Not a directory").count(), 1, "{out}");
+    assert_eq!(std::fs::read(&f).unwrap(), b"x", "the file is untouched");
+}

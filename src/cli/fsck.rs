@@ -119,7 +119,7 @@ fn check(a: FsckArgs) -> i32 {
                 _ => "errors found (run with --repair)",
             };
             println!(
-                "{}: {} inodes, {} entries, {} xattr records: {verdict}",
+                "{}: {} inodes, {} entries, {} xattr records beside the inodes (spill sets, large values): {verdict}",
                 a.volume.display(),
                 report.inodes,
                 report.entries,

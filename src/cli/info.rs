@@ -118,7 +118,14 @@ pub fn volume_of_mount(mnt: &Path) -> Option<PathBuf> {
 
 pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     let (vol, mountpoint) = resolve(&a.path)?;
+    let mounted = VolumeLock::is_held(&vol) && safs::control::socket_path(&vol).exists();
     if a.json {
+        if !mounted {
+            anyhow::bail!(
+                "{} is not mounted: request statistics come from the daemon serving a mount",
+                vol.display()
+            );
+        }
         return print_stats(&vol, true);
     }
     let (store, sb) = volume::open_store(&vol)
@@ -151,7 +158,13 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     }
     if a.stats {
         println!();
-        print_stats(&vol, false)?;
+        if mounted {
+            print_stats(&vol, false)?;
+        } else {
+            println!(
+                "request statistics: none (the volume is not mounted; they come from its daemon)"
+            );
+        }
     }
     Ok(())
 }

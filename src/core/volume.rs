@@ -41,7 +41,8 @@ pub enum VolumeError {
     BadBudget(u32),
     #[error("{0} is not a safs volume (no metadata store in it)")]
     NotAVolume(PathBuf),
-    #[error("{path}: {source}")]
+    /// The cause is the error's source: shown once, after the path.
+    #[error("{}", path.display())]
     Io {
         path: PathBuf,
         source: std::io::Error,

@@ -101,6 +101,8 @@ pub fn ensure_tools(tools: &[Tool], is_root: bool) -> anyhow::Result<()> {
     eprintln!("safs bench: installing {}", pkgs.join(" "));
     let install = || {
         Command::new("apt-get")
+            // Wait for another apt run rather than fail on its lock.
+            .args(["-o", "DPkg::Lock::Timeout=600"])
             .args(["install", "-y", "-q", "--no-install-recommends"])
             .args(&pkgs)
             .env("DEBIAN_FRONTEND", "noninteractive")
@@ -110,7 +112,7 @@ pub fn ensure_tools(tools: &[Tool], is_root: bool) -> anyhow::Result<()> {
     if !out.as_ref().is_ok_and(|o| o.status.success()) {
         // A machine that never ran apt-get update has no package lists.
         let _ = Command::new("apt-get")
-            .args(["update", "-q"])
+            .args(["-o", "DPkg::Lock::Timeout=600", "update", "-q"])
             .env("DEBIAN_FRONTEND", "noninteractive")
             .output();
         out = install();
