@@ -92,6 +92,9 @@ fn handle(conn: UnixStream, fs: &Fs, stats: &Stats) -> std::io::Result<()> {
                         }
                     }),
                     broken_counts: fs.broken_counts(),
+                    hist_bounds_us: (0..safs_control::BUCKETS)
+                        .map(safs_control::bucket_bound_us)
+                        .collect(),
                 }),
             }
         }

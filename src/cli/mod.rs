@@ -37,7 +37,7 @@ pub enum Command {
     /// for FUSE filesystems).
     Sync(SyncArgs),
     /// Measure safs beside other filesystems: the tables T1–T7 of
-    /// BENCHMARKS.md, with FUSE requests per operation (see --setup).
+    /// docs/benchmarks.md, with FUSE requests per operation (see --setup).
     Bench(bench::BenchArgs),
 }
 

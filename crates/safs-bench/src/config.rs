@@ -8,7 +8,7 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-/// How big a run is (BENCHMARKS.md, column "sizes (small / full)").
+/// How big a run is (docs/benchmarks.md, column "sizes (small / full)").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Scale {
@@ -37,7 +37,7 @@ impl fmt::Display for Scale {
     }
 }
 
-/// The seven tables of BENCHMARKS.md.
+/// The seven tables of docs/benchmarks.md.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub enum Test {
     T1,
@@ -178,7 +178,7 @@ pub fn parse_targets(s: &str) -> Result<Vec<TargetSpec>, String> {
     Ok(out)
 }
 
-/// The workload sizes of one scale (BENCHMARKS.md's table).
+/// The workload sizes of one scale (docs/benchmarks.md's table).
 #[derive(Clone, Debug, Serialize)]
 pub struct Sizes {
     /// T1: value sizes N in bytes.

@@ -1,4 +1,4 @@
-//! `safs bench`: the seven tables of BENCHMARKS.md, measured side by side on
+//! `safs bench`: the seven tables of docs/benchmarks.md, measured side by side on
 //! any list of directories, in one run.
 //!
 //! # What a run is

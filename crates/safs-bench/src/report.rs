@@ -4,7 +4,7 @@
 //! with its best figure and, when a baseline is set, the ratio to the
 //! baseline's figure in the same row (`value ÷ baseline`: above 1 is slower
 //! for µs and s, faster for MB/s). Every safs target adds a column of FUSE
-//! requests per operation. After the tables, the targets of BENCHMARKS.md
+//! requests per operation. After the tables, the targets of docs/benchmarks.md
 //! are checked one by one for every safs target.
 
 use std::collections::BTreeMap;
@@ -197,6 +197,13 @@ pub fn markdown(r: &Results) -> String {
         .map(|t| t.label.as_str())
         .collect();
     let has_base = labels.contains(&r.baseline.as_str());
+    // Targets held in RAM: nothing makes them cold.
+    let in_ram: Vec<&str> = r
+        .targets
+        .iter()
+        .filter(|t| t.fstype == "tmpfs" || t.fstype == "ramfs")
+        .map(|t| t.label.as_str())
+        .collect();
     let _ = writeln!(s, "# safs bench — scale {}\n", r.scale);
     let _ = writeln!(
         s,
@@ -245,10 +252,12 @@ pub fn markdown(r: &Results) -> String {
         let _ = writeln!(
             s,
             "- `req/op`: FUSE requests the safs daemon served per operation, total (by opcode); \
-             then the daemon's own time per operation (the rest of the figure is the round trips \
-             and the kernel), then the metadata engine reads (point reads and scans) per operation. \
-             Targets count round trips: requests the application waits for, not the RELEASE and \
-             FORGET the kernel sends in the background"
+             then `daemon`: wall time inside the daemon's handlers per operation, summed over all \
+             its requests — the background RELEASE and FORGET and any wait inside a handler \
+             included, and requests served in parallel by several threads each counted, so it \
+             can exceed the operation's own time; then the metadata engine reads (point reads \
+             and scans) per operation. Targets count round trips: requests the application waits \
+             for, not the RELEASE and FORGET the kernel sends in the background"
         );
     }
     let _ = writeln!(
@@ -279,6 +288,7 @@ pub fn markdown(r: &Results) -> String {
     for &test in &r.tests {
         let tb = table(r, test);
         let _ = writeln!(s, "\n## {test} — {}\n", test.title());
+        let _ = writeln!(s, "{}\n", sizes_line(test, &r.sizes));
         let ph = param_header(test);
         let mut head = vec!["case".to_string()];
         if let Some(p) = ph {
@@ -290,6 +300,7 @@ pub fn markdown(r: &Results) -> String {
         let _ = writeln!(s, "| {} |", head.join(" | "));
         let _ = writeln!(s, "|{}", "---|".repeat(head.len()));
         let mut notes: Vec<String> = Vec::new();
+        let mut ram_note = false;
         for (case, param) in &tb.rows {
             let base = tb.best(case, *param, &r.baseline);
             let unit = labels
@@ -303,7 +314,15 @@ pub fn markdown(r: &Results) -> String {
             row.push(unit.into());
             for l in &labels {
                 let m = tb.get(case, *param, l);
-                row.push(cell(m, base, *l == r.baseline));
+                let mut c = cell(m, base, *l == r.baseline);
+                if case.contains("cold")
+                    && in_ram.contains(l)
+                    && m.is_some_and(|m| m.error.is_none())
+                {
+                    c.push_str(" †");
+                    ram_note = true;
+                }
+                row.push(c);
                 // Phases skipped because an earlier one failed say so in
                 // their cell ("n/a"); only the cause gets a note.
                 if let Some(e) = m
@@ -354,6 +373,12 @@ pub fn markdown(r: &Results) -> String {
                 let _ = writeln!(s, "\n{l} daemon memory: {}.", mem_line(&m));
             }
         }
+        if ram_note {
+            let _ = writeln!(
+                s,
+                "\n† in RAM (tmpfs): dropping caches cannot make it cold; its cold figure is a warm one."
+            );
+        }
         if !notes.is_empty() {
             let _ = writeln!(s, "\nn/a:");
             for n in notes {
@@ -364,7 +389,12 @@ pub fn markdown(r: &Results) -> String {
 
     let checks = checks(r);
     if !checks.is_empty() {
-        let _ = writeln!(s, "\n## Targets of BENCHMARKS.md\n");
+        let _ = writeln!(s, "\n## Targets (docs/benchmarks.md)\n");
+        let _ = writeln!(
+            s,
+            "Verdicts: met — the target holds in this run; **missed** — it does not; \
+             — (a dash) — a figure shown for information, with nothing to hold it to.\n"
+        );
         let _ = writeln!(s, "| target | what | measured | verdict |");
         let _ = writeln!(s, "|---|---|---|---|");
         for c in &checks {
@@ -417,7 +447,7 @@ pub struct Check {
     pub verdict: Verdict,
 }
 
-/// The targets of BENCHMARKS.md that this run can decide, for each safs
+/// The targets of docs/benchmarks.md that this run can decide, for each safs
 /// target. Comparisons are against the baseline (ext4 by default).
 pub fn checks(r: &Results) -> Vec<Check> {
     let mut out = Vec::new();
@@ -698,6 +728,25 @@ fn mem_line(m: &DaemonMem) -> String {
     )
 }
 
+/// The sizes a table ran at, under its heading.
+fn sizes_line(test: Test, z: &crate::config::Sizes) -> String {
+    match test {
+        Test::T1 => format!("F = {} files per value size N.", z.t1_files),
+        Test::T2 => format!(
+            "{} fstat calls per repetition; a tree of {} entries.",
+            z.t2_fstat_calls, z.t2_entries
+        ),
+        Test::T3 => format!(
+            "{} objects with {} bytes of metadata each; {} hot reads per repetition, one read per object cold.",
+            z.t3_files, z.t3_metadata_bytes, z.t3_reads
+        ),
+        Test::T4 => format!("{} clients, {} s per run.", z.t4_clients, z.t4_seconds),
+        Test::T5 => "N files per directory, as in each row.".into(),
+        Test::T6 => format!("{} files of 4 KiB.", z.t6_files),
+        Test::T7 => format!("{} calls per repetition.", z.t7_calls),
+    }
+}
+
 /// `64 Ki`, `1k`: short labels for the swept parameter.
 fn param_label(test: Test, p: u64) -> String {
     match test {
@@ -719,20 +768,32 @@ fn chart(r: &Results, test: Test, cases: &[&str], title: &str, x_label: &str) ->
     let mut series = Vec::new();
     for (ti, t) in r.targets.iter().enumerate() {
         for (ci, case) in cases.iter().enumerate() {
-            let points: Vec<(f64, Option<f64>)> = tb
-                .params(case)
-                .into_iter()
-                .flatten()
-                .map(|p| (p as f64, tb.best(case, Some(p), &t.label)))
+            let params: Vec<u64> = tb.params(case).into_iter().flatten().collect();
+            let points: Vec<(f64, Option<f64>)> = params
+                .iter()
+                .map(|&p| (p as f64, tb.best(case, Some(p), &t.label)))
                 .collect();
             if points.iter().all(|p| p.1.is_none()) {
                 continue;
             }
+            // A line that ends before the last size: mark why (ENOSPC).
+            let stop = points
+                .iter()
+                .rposition(|p| p.1.is_some())
+                .filter(|&last| last + 1 < points.len())
+                .and_then(|last| {
+                    let (x, y) = (points[last].0, points[last].1?);
+                    let m = tb.get(case, Some(params[last + 1]), &t.label)?;
+                    let why = short_error(m.error.as_deref()?);
+                    let why = why.trim_start_matches("n/a (").trim_end_matches(')');
+                    Some((x, y, why.to_string()))
+                });
             series.push(Series {
                 name: format!("{} {case}", t.label),
                 color: PALETTE[ti % PALETTE.len()].into(),
                 dash: DASHES[ci % DASHES.len()].into(),
                 points,
+                stop,
             });
         }
     }
@@ -1021,6 +1082,9 @@ mod tests {
         assert_eq!(c.series.len(), 6);
         let ext4 = c.series.iter().find(|s| s.name == "ext4 set cold").unwrap();
         assert_eq!(ext4.points, vec![(1.0, Some(4.0)), (4096.0, None)]);
+        // The line stops at 4 KiB, marked with the errno.
+        assert_eq!(ext4.stop, Some((1.0, 4.0, "ENOSPC".to_string())));
+        assert!(c.render().contains("✕ ENOSPC"));
         assert_eq!(t5_chart(&r).series.len(), 2);
         let ticks: Vec<String> = c.x_ticks.iter().map(|t| t.1.clone()).collect();
         assert_eq!(ticks, ["1", "4 Ki"]);

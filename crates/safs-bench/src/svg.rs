@@ -1,7 +1,7 @@
 //! A small hand-written SVG line chart: log or linear axes, one polyline per
 //! series, a legend. Enough for "per-file µs against N", nothing more.
 //! Missing points (a size that failed) break the line instead of joining
-//! its neighbours.
+//! its neighbours; where a line stops for good, a mark says why (ENOSPC).
 
 use std::fmt::Write as _;
 
@@ -14,6 +14,9 @@ pub struct Series {
     pub dash: String,
     /// (x, y) in data units; `None` for y means "no value here".
     pub points: Vec<(f64, Option<f64>)>,
+    /// Where the line stops and why: (x, y) of its last point, and the
+    /// reason (an errno), drawn beside it.
+    pub stop: Option<(f64, f64, String)>,
 }
 
 #[derive(Clone, Debug)]
@@ -265,6 +268,19 @@ impl Chart {
                 }
             }
             flush(&mut run, &mut s);
+            if let Some((x, y, why)) = &ser.stop {
+                if y.is_finite() && (!self.y_log || *y > 0.0) {
+                    let (cx, cy) = (px(*x), py(*y));
+                    let _ = writeln!(
+                        s,
+                        r#"<text x="{:.1}" y="{:.1}" font-size="11" fill="{}">✕ {}</text>"#,
+                        cx + 6.0,
+                        cy - 6.0,
+                        escape(&ser.color),
+                        escape(why)
+                    );
+                }
+            }
         }
 
         // Legend.
@@ -314,12 +330,14 @@ mod tests {
                         (4096.0, None),
                         (65536.0, Some(50.0)),
                     ],
+                    stop: None,
                 },
                 Series {
                     name: "safs & co".into(),
                     color: PALETTE[1].into(),
                     dash: DASHES[1].into(),
                     points: vec![(1.0, Some(20.0)), (65536.0, Some(400.0))],
+                    stop: None,
                 },
             ],
         }

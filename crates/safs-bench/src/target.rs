@@ -8,7 +8,7 @@
 //! source is the volume directory, whose control socket gives the FUSE
 //! request counts, and whose daemon is restarted for cold phases.
 //!
-//! Cold, per BENCHMARKS.md:
+//! Cold, per docs/benchmarks.md:
 //! - kernel filesystems: `sync`, then `echo 3 > /proc/sys/vm/drop_caches`;
 //! - safs: unmount (the daemon commits and exits, its inode cache and
 //!   LMDB map go with it), wait for the volume lock to be free, `sync`, drop

@@ -103,6 +103,10 @@ pub struct StatsReply {
     /// Impossible counts met since the mount: 0 unless safs has a bug.
     #[serde(default)]
     pub broken_counts: u64,
+    /// The upper bound, in µs, of each bucket of [`OpReport::hist`] (the
+    /// last bucket, `null`, has none).
+    #[serde(default)]
+    pub hist_bounds_us: Vec<Option<u64>>,
 }
 
 /// One reply line.
