@@ -16,7 +16,7 @@ need_root() { [ "$(id -u)" = 0 ] || { echo "run as root (mounting and installing
 need_root
 
 missing=()
-for pkg_cmd in "fuse3:fusermount3" "attr:getfattr" "acl:getfacl" "build-essential:cc" "curl:curl" "pkg-config:pkg-config"; do
+for pkg_cmd in "fuse3:fusermount3" "attr:getfattr" "acl:getfacl" "build-essential:cc" "curl:curl" "pkg-config:pkg-config" "man-db:man"; do
   pkg=${pkg_cmd%%:*}; cmd=${pkg_cmd##*:}
   command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
 done
@@ -35,6 +35,9 @@ echo "== building safs (release)"
 cargo build --release --locked --quiet
 install -m 0755 target/release/safs /usr/local/bin/safs
 ln -sf /usr/local/bin/safs /sbin/mount.fuse.safs
+# man safs, man safs-mount, man mount.fuse.safs, ...
+safs man /usr/local/share/man/man8
+mandb -q >/dev/null 2>&1 || true
 
 if [ ! -e "$VOLUME/meta/data.mdb" ]; then
   mkdir -p "$(dirname "$VOLUME")"

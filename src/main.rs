@@ -21,8 +21,10 @@ fn main() {
     // entries of the `safs#<volume>` form: no subcommand, two paths.
     let helper_form = args.len() >= 3
         && !args[1].starts_with('-')
-        && !["format", "mount", "info", "sync", "fsck", "bench", "help"]
-            .contains(&args[1].as_str());
+        && ![
+            "format", "mount", "info", "sync", "fsck", "bench", "man", "help",
+        ]
+        .contains(&args[1].as_str());
     let result = if argv0.starts_with("mount.fuse.safs") || argv0 == "mount.safs" || helper_form {
         cli::run_mount_helper(args).map(|()| 0)
     } else {

@@ -4,6 +4,7 @@ mod bench;
 mod format;
 mod fsck;
 mod info;
+mod man;
 mod mount;
 
 use std::path::{Path, PathBuf};
@@ -39,6 +40,9 @@ pub enum Command {
     /// Measure safs beside other filesystems: the tables T1–T7 of
     /// docs/benchmarks.md, with FUSE requests per operation (see --setup).
     Bench(bench::BenchArgs),
+    /// Write the manual pages into a directory (scripts/run.sh installs them).
+    #[command(hide = true)]
+    Man(man::ManArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -69,6 +73,7 @@ fn run_plain(command: Command) -> anyhow::Result<()> {
         Command::Mount(a) => mount::run(a),
         Command::Info(a) => info::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Man(a) => man::run(a),
         Command::Sync(a) => {
             let (vol, _) = info::resolve(&a.path)?;
             safs::control::request(&vol, "sync")?;
