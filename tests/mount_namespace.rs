@@ -1099,3 +1099,19 @@ fn unknown_ioctls_get_enotty() {
     assert_eq!(r, -1);
     assert_eq!(Errno::last(), Errno::ENOTTY);
 }
+
+/// A directory's size grows with the directory (4 KiB per 128 entries it
+/// has held), as on ext4, instead of staying 0.
+#[test]
+fn directory_size_grows_with_its_entries() {
+    let v = TestVolume::new();
+    let d = v.path("d");
+    fs::create_dir(&d).unwrap();
+    let empty = lmeta(&d);
+    assert_eq!(empty.len(), 4096);
+    assert_eq!(empty.blocks(), 8);
+    for i in 0..300 {
+        File::create(d.join(format!("f{i}"))).unwrap();
+    }
+    assert_eq!(lmeta(&d).len(), 4096 * 3, "300 entries");
+}

@@ -84,8 +84,16 @@ impl Attr {
             uid: i.uid,
             gid: i.gid,
             rdev: i.rdev,
-            size: i.size,
-            blocks: i.blocks,
+            size: if i.is_dir() {
+                dir_size(i.next_cookie)
+            } else {
+                i.size
+            },
+            blocks: if i.is_dir() {
+                dir_size(i.next_cookie) / 512
+            } else {
+                i.blocks
+            },
             atime: i.atime,
             mtime: i.mtime,
             ctime: i.ctime,
@@ -640,6 +648,15 @@ fn hold_target(root: &Path) -> u64 {
         .map(|v| v.blocks().saturating_mul(v.fragment_size()))
         .unwrap_or(0);
     (size / 64).clamp(4 << 20, 16 << 20)
+}
+
+/// The size a directory reports: 4 KiB for every 128 entries it has ever
+/// held (its readdir cookies: `next_cookie` counts them). Like ext4's, it
+/// grows with the directory and does not shrink; tools that size a
+/// directory by it see one that grows.
+fn dir_size(next_cookie: u64) -> u64 {
+    let entries = next_cookie.saturating_sub(FIRST_COOKIE);
+    4096 * (1 + entries / 128)
 }
 
 /// Size, blocks and (if newer) mtime/ctime from a backing file's metadata.
