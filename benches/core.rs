@@ -32,7 +32,7 @@ fn core(c: &mut Criterion) {
     let fs = Fs::mount(&vol, store, sb, Options::default()).expect("mount");
     let ctx = Ctx::root();
     let (attr, _h) = fs
-        .create(&ctx, volume::ROOT_INO, b"many", 0o644, 0, libc::O_RDWR)
+        .create(&ctx, safs::core::Ino::ROOT, b"many", 0o644, 0, libc::O_RDWR)
         .expect("create");
     let ino = attr.ino;
     for i in 0..2_000 {

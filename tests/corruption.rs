@@ -16,7 +16,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use safs::core::volume;
-use safs::core::{Ctx, Fs, OpenMode, Options};
+use safs::core::{Ctx, Fs, Ino, OpenMode, Options};
 use safs::meta::MetaStore;
 
 const FILES: usize = 40;
@@ -48,7 +48,7 @@ fn build(vol: &Path) {
     let fs = Fs::mount(vol, store, sb, Options::default()).unwrap();
     let ctx = Ctx::root();
     let d = fs
-        .make_node(&ctx, 1, b"d", libc::S_IFDIR | 0o755, 0, 0, None)
+        .make_node(&ctx, Ino::ROOT, b"d", libc::S_IFDIR | 0o755, 0, 0, None)
         .unwrap()
         .ino;
     for (name, (data, xattrs)) in expected() {
@@ -95,7 +95,7 @@ fn reader(vol: &Path) -> i32 {
         Ok(f) => f,
         Err(_) => return FAILED,
     };
-    let Ok(d) = fs.lookup(1, b"d") else {
+    let Ok(d) = fs.lookup(Ino::ROOT, b"d") else {
         return FAILED;
     };
     let mut failed = false;

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use safs::core::volume;
-use safs::core::{Ctx, Fs, OpenMode, Options};
+use safs::core::{Ctx, Fs, Ino, OpenMode, Options};
 use safs::format::keys;
 use safs::meta::{LmdbStore, MetaRead, MetaStore};
 
@@ -40,7 +40,7 @@ fn populated() -> (tempfile::TempDir, std::path::PathBuf, u64) {
     let fs = Fs::mount(&vol, store, sb, Options::default()).unwrap();
     let ctx = Ctx::root();
     let d = fs
-        .make_node(&ctx, 1, b"dir", libc::S_IFDIR | 0o755, 0, 0, None)
+        .make_node(&ctx, Ino::ROOT, b"dir", libc::S_IFDIR | 0o755, 0, 0, None)
         .unwrap()
         .ino;
     let f = fs
@@ -58,9 +58,17 @@ fn populated() -> (tempfile::TempDir, std::path::PathBuf, u64) {
         .unwrap();
     fs.write(h.fh, 0, b"some data").unwrap();
     fs.release(h.fh).unwrap();
-    fs.link(f, 1, b"hard").unwrap();
-    fs.make_node(&ctx, 1, b"sym", libc::S_IFLNK | 0o777, 0, 0, Some(b"dir/f"))
-        .unwrap();
+    fs.link(f, Ino::ROOT, b"hard").unwrap();
+    fs.make_node(
+        &ctx,
+        Ino::ROOT,
+        b"sym",
+        libc::S_IFLNK | 0o777,
+        0,
+        0,
+        Some(b"dir/f"),
+    )
+    .unwrap();
     fs.setxattr(&Ctx::root(), f, b"user.small", b"1", 0)
         .unwrap();
     fs.setxattr(&Ctx::root(), f, b"user.spilled", &[2u8; 500], 0)
@@ -70,7 +78,7 @@ fn populated() -> (tempfile::TempDir, std::path::PathBuf, u64) {
     fs.setxattr(&Ctx::root(), f, b"user.big2", &[4u8; 65_000], 0)
         .unwrap();
     fs.close().unwrap();
-    (tmp, vol, f)
+    (tmp, vol, f.0)
 }
 
 fn fsck(vol: &Path, repair: bool) -> (i32, String) {
@@ -187,10 +195,13 @@ fn nameless_inode_goes_to_lost_and_found() {
     assert_found_repaired_clean(&vol, &format!("inode {f} has no name"));
     let (store, sb) = volume::open_store(&vol).unwrap();
     let fs = Fs::mount(&vol, store as Arc<dyn MetaStore>, sb, Options::default()).unwrap();
-    let lf = fs.lookup(1, b"lost+found").unwrap().ino;
+    let lf = fs.lookup(Ino::ROOT, b"lost+found").unwrap().ino;
     let a = fs.lookup(lf, format!("#{f}").as_bytes()).unwrap();
-    assert_eq!(a.ino, f);
-    assert_eq!(fs.getxattr(f, b"user.big2").unwrap(), vec![4u8; 65_000]);
+    assert_eq!(a.ino, Ino(f));
+    assert_eq!(
+        fs.getxattr(Ino(f), b"user.big2").unwrap(),
+        vec![4u8; 65_000]
+    );
     fs.close().unwrap();
 }
 

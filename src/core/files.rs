@@ -11,7 +11,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{CoreError, Ctx, Fs, Result, State};
+use super::{CoreError, Ctx, Fh, Fs, Ino, Result, State};
 use crate::format::inode::{S_IFMT, S_IFREG, Timestamp};
 
 #[derive(Clone, Copy, Debug)]
@@ -32,8 +32,8 @@ impl OpenMode {
 
 /// An open regular file.
 pub struct Handle {
-    pub fh: u64,
-    pub ino: u64,
+    pub fh: Fh,
+    pub ino: Ino,
     pub writable: bool,
     /// The backing file (also what passthrough hands to the kernel).
     pub file: Arc<File>,
@@ -41,7 +41,7 @@ pub struct Handle {
 
 impl Fs {
     /// Opens regular file `ino`.
-    pub fn open(&self, ino: u64, mode: OpenMode) -> Result<Arc<Handle>> {
+    pub fn open(&self, ino: Ino, mode: OpenMode) -> Result<Arc<Handle>> {
         self.open_as(&Ctx::root(), ino, mode)
     }
 
@@ -49,7 +49,8 @@ impl Fs {
     /// CAP_FSETID clears set-user-ID, and set-group-ID on a group-executable
     /// file, as a truncate does. (The FUSE adapter does not negotiate
     /// ATOMIC_O_TRUNC, so there the kernel truncates with a SETATTR instead.)
-    pub fn open_as(&self, ctx: &Ctx, ino: u64, mode: OpenMode) -> Result<Arc<Handle>> {
+    pub fn open_as(&self, ctx: &Ctx, ino: Ino, mode: OpenMode) -> Result<Arc<Handle>> {
+        let ino = ino.0;
         let _space = if mode.write || mode.truncate {
             Some(self.writable()?)
         } else {
@@ -95,10 +96,10 @@ impl Fs {
             // after close), and arm the backing file for this open's reads.
             self.observe_reads(st, ino, &file);
         }
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let fh = Fh(self.next_fh.fetch_add(1, Ordering::Relaxed));
         let h = Arc::new(Handle {
             fh,
-            ino,
+            ino: Ino(ino),
             writable: write,
             file,
         });
@@ -111,7 +112,7 @@ impl Fs {
     pub fn create(
         &self,
         ctx: &Ctx,
-        parent: u64,
+        parent: Ino,
         name: &[u8],
         mode: u32,
         umask: u32,
@@ -121,7 +122,7 @@ impl Fs {
         om.truncate = false;
         let (attr, h) = self.make_node_opened(
             ctx,
-            parent,
+            parent.0,
             name,
             S_IFREG | (mode & 0o7777),
             umask,
@@ -132,7 +133,7 @@ impl Fs {
         Ok((attr, h.expect("asked for a handle")))
     }
 
-    pub fn handle(&self, fh: u64) -> Result<Arc<Handle>> {
+    pub fn handle(&self, fh: Fh) -> Result<Arc<Handle>> {
         self.handles
             .lock()
             .get(&fh)
@@ -140,7 +141,7 @@ impl Fs {
             .ok_or(CoreError::BadHandle)
     }
 
-    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+    pub fn read(&self, fh: Fh, offset: u64, size: u32) -> Result<Vec<u8>> {
         let h = self.handle(fh)?;
         let mut buf = vec![0u8; size as usize];
         let mut done = 0;
@@ -156,7 +157,7 @@ impl Fs {
         Ok(buf)
     }
 
-    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+    pub fn write(&self, fh: Fh, offset: u64, data: &[u8]) -> Result<u32> {
         let h = self.handle(fh)?;
         if !h.writable {
             return Err(CoreError::BadHandle);
@@ -169,38 +170,38 @@ impl Fs {
 
     /// Closes handle `fh`. When the last writer closes, the record takes the
     /// backing file's size and mtime and the `W` marker goes.
-    pub fn release(&self, fh: u64) -> Result<()> {
+    pub fn release(&self, fh: Fh) -> Result<()> {
         let Some(h) = self.handles.lock().remove(&fh) else {
             return Err(CoreError::BadHandle);
         };
         let mut st = self.state.lock();
         let mut w = Vec::new();
-        let closed = st.close_handle(h.ino, h.writable);
+        let closed = st.close_handle(h.ino.0, h.writable);
         if let Some(backing) = closed.last_writer {
-            if let Ok(mut inode) = self.inode(&mut st, h.ino) {
-                self.reconcile(h.ino, &mut inode, Some(&backing))?;
-                self.put_inode(&mut st, &mut w, h.ino, inode);
+            if let Ok(mut inode) = self.inode(&mut st, h.ino.0) {
+                self.reconcile(h.ino.0, &mut inode, Some(&backing))?;
+                self.put_inode(&mut st, &mut w, h.ino.0, inode);
             }
         }
         if closed.last {
-            self.observe_reads(&mut st, h.ino, &h.file);
+            self.observe_reads(&mut st, h.ino.0, &h.file);
         }
         self.commit(w)?;
         if closed.last {
-            self.maybe_free(&mut st, h.ino)?;
+            self.maybe_free(&mut st, h.ino.0)?;
         }
         Ok(())
     }
 
     /// `fsync`: the backing file's data, then every metadata change so far.
-    pub fn fsync(&self, fh: u64, datasync: bool) -> Result<()> {
+    pub fn fsync(&self, fh: Fh, datasync: bool) -> Result<()> {
         self.sync_data(fh, datasync)?;
         self.store.sync()
     }
 
     /// The data half of `fsync`: handle `fh`'s backing file made durable
     /// (with its size and times unless `datasync`).
-    pub fn sync_data(&self, fh: u64, datasync: bool) -> Result<()> {
+    pub fn sync_data(&self, fh: Fh, datasync: bool) -> Result<()> {
         let h = self.handle(fh)?;
         if datasync {
             h.file.sync_data()?;
@@ -215,28 +216,28 @@ impl Fs {
     /// Like a write, it drops set-user-ID and set-group-ID for a caller
     /// without CAP_FSETID (the kernel does that itself for writes and
     /// truncates of FUSE files, not for fallocate).
-    pub fn fallocate(&self, ctx: &Ctx, fh: u64, offset: u64, length: u64, mode: i32) -> Result<()> {
+    pub fn fallocate(&self, ctx: &Ctx, fh: Fh, offset: u64, length: u64, mode: i32) -> Result<()> {
         let h = self.handle(fh)?;
         let _space = self.writable()?;
         let flags = nix::fcntl::FallocateFlags::from_bits(mode).ok_or(CoreError::NotSupported)?;
         nix::fcntl::fallocate(&*h.file, flags, offset as i64, length as i64)
             .map_err(std::io::Error::from)?;
-        self.load_creds_for_set_ids(ctx, h.ino);
+        self.load_creds_for_set_ids(ctx, h.ino.0);
         let mut st = self.state.lock();
-        let mut inode = self.inode(&mut st, h.ino)?;
-        self.reconcile(h.ino, &mut inode, Some(&h.file))?;
+        let mut inode = self.inode(&mut st, h.ino.0)?;
+        self.reconcile(h.ino.0, &mut inode, Some(&h.file))?;
         inode.mode &= !kill_set_ids(ctx, inode.mode, inode.gid);
         inode.ctime = Timestamp::now();
         if mode & libc::FALLOC_FL_KEEP_SIZE == 0 {
             inode.mtime = inode.ctime;
         }
         let mut w = Vec::new();
-        self.put_inode(&mut st, &mut w, h.ino, inode);
+        self.put_inode(&mut st, &mut w, h.ino.0, inode);
         self.commit(w)
     }
 
     /// `lseek` for `SEEK_DATA`/`SEEK_HOLE`, answered by the backing file.
-    pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> Result<i64> {
+    pub fn lseek(&self, fh: Fh, offset: i64, whence: i32) -> Result<i64> {
         let h = self.handle(fh)?;
         let w = match whence {
             libc::SEEK_DATA => nix::unistd::Whence::SeekData,

@@ -16,6 +16,7 @@ pub mod creds;
 mod data;
 pub mod error;
 mod files;
+pub mod ids;
 mod namespace;
 mod state;
 mod store;
@@ -38,6 +39,7 @@ pub use crate::format::inode::Timestamp;
 pub use creds::Ctx;
 pub use error::{CoreError, Result};
 pub use files::{Handle, OpenMode};
+pub use ids::{Cookie, Fh, Generation, Ino};
 pub use namespace::{DirEntry, RenameFlags, SetAttr, Statfs, TimeSet};
 pub use store::Health;
 
@@ -56,7 +58,7 @@ pub const FIRST_COOKIE: u64 = 3;
 /// Attributes as served to the kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Attr {
-    pub ino: u64,
+    pub ino: Ino,
     pub mode: u32,
     pub nlink: u32,
     pub uid: u32,
@@ -68,7 +70,7 @@ pub struct Attr {
     pub mtime: Timestamp,
     pub ctime: Timestamp,
     pub crtime: Timestamp,
-    pub generation: u64,
+    pub generation: Generation,
     /// A writer has the file open: its size and times can change where the
     /// daemon does not see it (writes through a shared mapping under
     /// passthrough), so the kernel should not keep these for long.
@@ -78,7 +80,7 @@ pub struct Attr {
 impl Attr {
     fn of(ino: u64, i: &Inode) -> Self {
         Attr {
-            ino,
+            ino: Ino(ino),
             mode: i.mode,
             nlink: i.nlink,
             uid: i.uid,
@@ -98,7 +100,7 @@ impl Attr {
             mtime: i.mtime,
             ctime: i.ctime,
             crtime: i.crtime,
-            generation: i.generation,
+            generation: Generation(i.generation),
             open_for_write: false,
         }
     }
@@ -192,7 +194,7 @@ pub struct Fs {
     budget: usize,
     opts: Options,
     state: Mutex<State>,
-    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    handles: Mutex<HashMap<Fh, Arc<Handle>>>,
     next_fh: AtomicU64,
     /// The mount's atime rules; a remount changes them.
     atime: Mutex<Atime>,
@@ -554,12 +556,13 @@ impl Fs {
     }
 
     /// The kernel now holds one more reference to `ino`.
-    pub fn note_lookup(&self, ino: u64) {
-        self.state.lock().add_lookup(ino);
+    pub fn note_lookup(&self, ino: Ino) {
+        self.state.lock().add_lookup(ino.0);
     }
 
     /// FUSE `forget`: the kernel dropped `n` references to `ino`.
-    pub fn forget(&self, ino: u64, n: u64) {
+    pub fn forget(&self, ino: Ino, n: u64) {
+        let ino = ino.0;
         let mut st = self.state.lock();
         if st.forget(ino, n) {
             if let Err(e) = self.maybe_free(&mut st, ino) {
@@ -615,7 +618,8 @@ impl Fs {
 
     /// A listing of directory `ino` began (readdir from offset 0): its
     /// access time, under the mount's rules (`nodiratime` among them).
-    pub fn note_dir_read(&self, ino: u64) -> Result<()> {
+    pub fn note_dir_read(&self, ino: Ino) -> Result<()> {
+        let ino = ino.0;
         if self.opts.read_only || self.atime().mode == AtimeMode::Never {
             return Ok(());
         }

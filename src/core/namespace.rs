@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 
+use super::ids::{Cookie, Ino};
 use super::tiers;
 use super::{Attr, CoreError, Ctx, FIRST_COOKIE, Fs, Result, State, acl, check_name};
 use crate::format::dirent::{Dirent, IndexEntry, decode_symlink, encode_marker, encode_symlink};
@@ -20,8 +21,8 @@ use crate::meta::Write;
 /// One directory entry as readdir returns it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirEntry {
-    pub cookie: u64,
-    pub ino: u64,
+    pub cookie: Cookie,
+    pub ino: Ino,
     pub kind: u8,
     pub name: Vec<u8>,
 }
@@ -186,7 +187,8 @@ impl Fs {
     // ---- lookups and attributes ------------------------------------------
 
     /// Looks `name` up in `parent`; counts a kernel reference on success.
-    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        let parent = parent.0;
         if name.len() > crate::format::NAME_MAX {
             return Err(CoreError::NameTooLong);
         }
@@ -208,7 +210,8 @@ impl Fs {
         Ok(attr)
     }
 
-    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        let ino = ino.0;
         let mut st = self.state.lock();
         self.attr_locked(&mut st, ino)
     }
@@ -233,7 +236,8 @@ impl Fs {
         }
     }
 
-    pub fn setattr(&self, ctx: &Ctx, ino: u64, set: &SetAttr) -> Result<Attr> {
+    pub fn setattr(&self, ctx: &Ctx, ino: Ino, set: &SetAttr) -> Result<Attr> {
+        let ino = ino.0;
         let _space = self.writable()?;
         let _ = ctx;
         let mut st = self.state.lock();
@@ -311,7 +315,8 @@ impl Fs {
         }
     }
 
-    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        let ino = ino.0;
         let mut st = self.state.lock();
         if !self.inode(&mut st, ino)?.is_symlink() {
             return Err(CoreError::Invalid);
@@ -333,14 +338,14 @@ impl Fs {
     pub fn make_node(
         &self,
         ctx: &Ctx,
-        parent: u64,
+        parent: Ino,
         name: &[u8],
         mode: u32,
         umask: u32,
         rdev: u32,
         target: Option<&[u8]>,
     ) -> Result<Attr> {
-        self.make_node_opened(ctx, parent, name, mode, umask, rdev, target, None)
+        self.make_node_opened(ctx, parent.0, name, mode, umask, rdev, target, None)
             .map(|(attr, _)| attr)
     }
 
@@ -500,7 +505,8 @@ impl Fs {
         Ok((attr, handle))
     }
 
-    pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
+    pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
+        let (ino, newparent) = (ino.0, newparent.0);
         let _space = self.writable()?;
         check_name(newname)?;
         let mut st = self.state.lock();
@@ -542,11 +548,12 @@ impl Fs {
 
     // ---- removal ------------------------------------------------------------
 
-    pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
-        self.remove(parent, name, false)
+    pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.remove(parent.0, name, false)
     }
 
-    pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
+    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        let parent = parent.0;
         if name == b"." {
             return Err(CoreError::Invalid);
         }
@@ -592,12 +599,13 @@ impl Fs {
     pub fn rename(
         &self,
         ctx: &Ctx,
-        parent: u64,
+        parent: Ino,
         name: &[u8],
-        newparent: u64,
+        newparent: Ino,
         newname: &[u8],
         flags: RenameFlags,
     ) -> Result<()> {
+        let (parent, newparent) = (parent.0, newparent.0);
         let _space = self.writable()?;
         check_name(newname)?;
         if name.len() > crate::format::NAME_MAX {
@@ -747,7 +755,8 @@ impl Fs {
 
     /// Up to `limit` entries after `offset` (a cookie; 0 = from the start),
     /// "." and ".." first.
-    pub fn readdir(&self, ino: u64, offset: u64, limit: usize) -> Result<Vec<DirEntry>> {
+    pub fn readdir(&self, ino: Ino, offset: Cookie, limit: usize) -> Result<Vec<DirEntry>> {
+        let (ino, offset) = (ino.0, offset.0);
         let dir = {
             let mut st = self.state.lock();
             self.inode(&mut st, ino)?
@@ -759,16 +768,16 @@ impl Fs {
         let dtype = (S_IFDIR >> 12) as u8;
         if offset < 1 {
             out.push(DirEntry {
-                cookie: 1,
-                ino,
+                cookie: Cookie(1),
+                ino: Ino(ino),
                 kind: dtype,
                 name: b".".to_vec(),
             });
         }
         if offset < 2 {
             out.push(DirEntry {
-                cookie: 2,
-                ino: dir.parent,
+                cookie: Cookie(2),
+                ino: Ino(dir.parent),
                 kind: dtype,
                 name: b"..".to_vec(),
             });
@@ -780,8 +789,8 @@ impl Fs {
             let e = IndexEntry::decode(&k, &v).map_err(|e| CoreError::corrupt(&k, e))?;
             let cookie = keys::key_cookie(&k).unwrap_or(0);
             out.push(DirEntry {
-                cookie,
-                ino: e.ino,
+                cookie: Cookie(cookie),
+                ino: Ino(e.ino),
                 kind: e.kind,
                 name: e.name,
             });
@@ -791,7 +800,8 @@ impl Fs {
 
     /// Attributes for a readdirplus entry, without counting a reference
     /// (the adapter calls [`Fs::note_lookup`] for entries it sends).
-    pub fn entry_attr(&self, ino: u64) -> Result<Attr> {
+    pub fn entry_attr(&self, ino: Ino) -> Result<Attr> {
+        let ino = ino.0;
         let mut st = self.state.lock();
         self.attr_locked(&mut st, ino)
     }
@@ -815,12 +825,13 @@ impl Fs {
     }
 
     /// Inode type bits of `ino`.
-    pub fn kind(&self, ino: u64) -> Result<u32> {
+    pub fn kind(&self, ino: Ino) -> Result<u32> {
+        let ino = ino.0;
         let mut st = self.state.lock();
         Ok(self.inode(&mut st, ino)?.mode & S_IFMT)
     }
 
-    pub fn is_regular(&self, ino: u64) -> Result<bool> {
+    pub fn is_regular(&self, ino: Ino) -> Result<bool> {
         Ok(self.kind(ino)? == S_IFREG)
     }
 }

@@ -82,10 +82,10 @@ fn remount(dir: &std::path::Path, engine: &Arc<Recording>, sb: Superblock) -> Fs
     Fs::mount(dir, engine.clone() as Arc<dyn MetaStore>, sb, opts).unwrap()
 }
 
-fn file(t: &T, name: &str) -> u64 {
+fn file(t: &T, name: &str) -> Ino {
     t.fs.make_node(
         &Ctx::root(),
-        1,
+        Ino::ROOT,
         name.as_bytes(),
         libc::S_IFREG | 0o644,
         0o022,
@@ -103,7 +103,7 @@ fn mtime_change_does_not_rewrite_spill() {
     t.fs.setxattr(&Ctx::root(), ino, b"user.big", &[7u8; 2000], 0)
         .unwrap();
     t.fs.sync().unwrap();
-    let spill = keys::spill(ino).to_vec();
+    let spill = keys::spill(ino.0).to_vec();
     assert!(
         t.engine.written.lock().contains(&spill),
         "the value spilled"
@@ -118,7 +118,7 @@ fn mtime_change_does_not_rewrite_spill() {
         .unwrap();
     t.fs.sync().unwrap();
     let written = t.engine.written.lock().clone();
-    assert!(written.contains(&keys::inode(ino).to_vec()));
+    assert!(written.contains(&keys::inode(ino.0).to_vec()));
     assert!(
         !written.contains(&spill),
         "spill rewritten by an unrelated change"
@@ -162,9 +162,9 @@ fn tiers_survive_remount_and_absent_names_need_no_read() {
             .unwrap();
     }
     fs.sync().unwrap();
-    let (s, e) = keys::ino_range(keys::P_OVERFLOW, ino);
+    let (s, e) = keys::ino_range(keys::P_OVERFLOW, ino.0);
     assert!(t.engine.scan(&s, &e, 10).unwrap().is_empty());
-    assert!(t.engine.get(&keys::spill(ino)).unwrap().is_none());
+    assert!(t.engine.get(&keys::spill(ino.0)).unwrap().is_none());
     let i = fs.getattr(ino).unwrap();
     assert_eq!(i.ino, ino);
 }
@@ -217,23 +217,23 @@ fn unlinked_open_file_is_reclaimed_at_next_mount() {
         )
         .unwrap();
     t.fs.write(h.fh, 0, b"hello").unwrap();
-    t.fs.unlink(1, b"f").unwrap();
+    t.fs.unlink(Ino::ROOT, b"f").unwrap();
     // Still readable through the handle.
     assert_eq!(t.fs.read(h.fh, 0, 5).unwrap(), b"hello");
     t.fs.sync().unwrap();
-    assert!(t.engine.get(&keys::orphan(ino)).unwrap().is_some());
+    assert!(t.engine.get(&keys::orphan(ino.0)).unwrap().is_some());
     // "Crash": mount again without releasing.
     let sb = t.fs.superblock().clone();
     let fs = remount(t._dir.path(), &t.engine, sb);
     fs.sync().unwrap();
-    assert!(t.engine.get(&keys::orphan(ino)).unwrap().is_none());
-    assert!(t.engine.get(&keys::inode(ino)).unwrap().is_none());
+    assert!(t.engine.get(&keys::orphan(ino.0)).unwrap().is_none());
+    assert!(t.engine.get(&keys::inode(ino.0)).unwrap().is_none());
     assert!(
         !t._dir
             .path()
             .join("data")
-            .join(format!("{:02x}", ino & 0xff))
-            .join(format!("{ino:016x}"))
+            .join(format!("{:02x}", ino.0 & 0xff))
+            .join(format!("{:016x}", ino.0))
             .exists()
     );
 }
@@ -274,7 +274,7 @@ fn rename_rules() {
     let a = file(&t, "a");
     let b = file(&t, "b");
     let d =
-        t.fs.make_node(&ctx, 1, b"d", libc::S_IFDIR | 0o755, 0, 0, None)
+        t.fs.make_node(&ctx, Ino::ROOT, b"d", libc::S_IFDIR | 0o755, 0, 0, None)
             .unwrap()
             .ino;
     let noreplace = RenameFlags {
@@ -282,43 +282,68 @@ fn rename_rules() {
         ..RenameFlags::default()
     };
     assert!(matches!(
-        t.fs.rename(&ctx, 1, b"a", 1, b"b", noreplace),
+        t.fs.rename(&ctx, Ino::ROOT, b"a", Ino::ROOT, b"b", noreplace),
         Err(CoreError::Exists)
     ));
     assert!(matches!(
-        t.fs.rename(&ctx, 1, b"a", 1, b"d", RenameFlags::default()),
+        t.fs.rename(
+            &ctx,
+            Ino::ROOT,
+            b"a",
+            Ino::ROOT,
+            b"d",
+            RenameFlags::default()
+        ),
         Err(CoreError::IsDir)
     ));
     assert!(matches!(
-        t.fs.rename(&ctx, 1, b"d", 1, b"a", RenameFlags::default()),
+        t.fs.rename(
+            &ctx,
+            Ino::ROOT,
+            b"d",
+            Ino::ROOT,
+            b"a",
+            RenameFlags::default()
+        ),
         Err(CoreError::NotDir)
     ));
     let exchange = RenameFlags {
         exchange: true,
         ..RenameFlags::default()
     };
-    t.fs.rename(&ctx, 1, b"a", 1, b"d", exchange).unwrap();
-    assert_eq!(t.fs.lookup(1, b"a").unwrap().ino, d);
-    assert_eq!(t.fs.lookup(1, b"d").unwrap().ino, a);
-    t.fs.rename(&ctx, 1, b"d", 1, b"b", RenameFlags::default())
+    t.fs.rename(&ctx, Ino::ROOT, b"a", Ino::ROOT, b"d", exchange)
         .unwrap();
-    assert_eq!(t.fs.lookup(1, b"b").unwrap().ino, a);
-    assert!(matches!(t.fs.lookup(1, b"d"), Err(CoreError::NotFound)));
+    assert_eq!(t.fs.lookup(Ino::ROOT, b"a").unwrap().ino, d);
+    assert_eq!(t.fs.lookup(Ino::ROOT, b"d").unwrap().ino, a);
+    t.fs.rename(
+        &ctx,
+        Ino::ROOT,
+        b"d",
+        Ino::ROOT,
+        b"b",
+        RenameFlags::default(),
+    )
+    .unwrap();
+    assert_eq!(t.fs.lookup(Ino::ROOT, b"b").unwrap().ino, a);
+    assert!(matches!(
+        t.fs.lookup(Ino::ROOT, b"d"),
+        Err(CoreError::NotFound)
+    ));
     // The replaced file is an orphan until the kernel forgets it.
     assert_eq!(t.fs.getattr(b).unwrap().nlink, 0);
     t.fs.forget(b, 1);
     assert!(matches!(t.fs.getattr(b), Err(CoreError::NotFound)));
     // Moving a directory keeps link counts.
     let e =
-        t.fs.make_node(&ctx, 1, b"e", libc::S_IFDIR | 0o755, 0, 0, None)
+        t.fs.make_node(&ctx, Ino::ROOT, b"e", libc::S_IFDIR | 0o755, 0, 0, None)
             .unwrap()
             .ino;
-    let root_links = t.fs.getattr(1).unwrap().nlink;
-    t.fs.rename(&ctx, 1, b"a", e, b"moved", RenameFlags::default())
+    let root_links = t.fs.getattr(Ino::ROOT).unwrap().nlink;
+    t.fs.rename(&ctx, Ino::ROOT, b"a", e, b"moved", RenameFlags::default())
         .unwrap();
-    assert_eq!(t.fs.getattr(1).unwrap().nlink, root_links - 1);
+    assert_eq!(t.fs.getattr(Ino::ROOT).unwrap().nlink, root_links - 1);
     assert_eq!(t.fs.getattr(e).unwrap().nlink, 3);
-    let entries = t.fs.readdir(d, 0, 10).unwrap();
+    let entries = t.fs.readdir(d, Cookie(0), 10).unwrap();
     assert_eq!(entries[1].name, b"..");
     assert_eq!(entries[1].ino, e);
 }
@@ -329,11 +354,12 @@ fn readdir_cookies_survive_changes() {
     for i in 0..300 {
         file(&t, &format!("f{i:03}"));
     }
-    let first = t.fs.readdir(1, 0, 102).unwrap();
+    let first = t.fs.readdir(Ino::ROOT, Cookie(0), 102).unwrap();
     let resume = first.last().unwrap().cookie;
     // Remove some seen and some unseen entries, add new ones.
     for i in (0..300).step_by(7) {
-        t.fs.unlink(1, format!("f{i:03}").as_bytes()).unwrap();
+        t.fs.unlink(Ino::ROOT, format!("f{i:03}").as_bytes())
+            .unwrap();
     }
     for i in 0..10 {
         file(&t, &format!("new{i}"));
@@ -341,7 +367,7 @@ fn readdir_cookies_survive_changes() {
     let mut seen: Vec<Vec<u8>> = first.iter().map(|e| e.name.clone()).collect();
     let mut off = resume;
     loop {
-        let page = t.fs.readdir(1, off, 50).unwrap();
+        let page = t.fs.readdir(Ino::ROOT, off, 50).unwrap();
         if page.is_empty() {
             break;
         }
@@ -365,7 +391,7 @@ fn default_acl_is_inherited() {
     let t = setup(320);
     let ctx = Ctx::root();
     let d =
-        t.fs.make_node(&ctx, 1, b"d", libc::S_IFDIR | 0o777, 0o022, 0, None)
+        t.fs.make_node(&ctx, Ino::ROOT, b"d", libc::S_IFDIR | 0o777, 0o022, 0, None)
             .unwrap()
             .ino;
     // u::rwx u:1000:rwx g::r-x m::rwx o::---
@@ -422,7 +448,7 @@ fn corrupt_inode_is_eio_not_data() {
     let t = setup(320);
     let ino = file(&t, "f");
     t.fs.close().unwrap();
-    let key = keys::inode(ino);
+    let key = keys::inode(ino.0);
     let mut rec = t.engine.get(&key).unwrap().unwrap();
     rec[10] ^= 0x40;
     t.engine.commit(&[(key.to_vec(), Some(rec))]).unwrap();
@@ -430,7 +456,10 @@ fn corrupt_inode_is_eio_not_data() {
     let fs = remount(t._dir.path(), &t.engine, sb);
     let err = fs.getattr(ino).unwrap_err();
     assert_eq!(err.errno(), libc::EIO);
-    assert!(matches!(fs.lookup(1, b"f"), Err(CoreError::Corrupt { .. })));
+    assert!(matches!(
+        fs.lookup(Ino::ROOT, b"f"),
+        Err(CoreError::Corrupt { .. })
+    ));
 }
 
 #[test]
@@ -456,7 +485,7 @@ fn inode_cache_stays_within_its_byte_budget() {
         let ino = fs
             .make_node(
                 &Ctx::root(),
-                1,
+                Ino::ROOT,
                 name.as_bytes(),
                 libc::S_IFREG | 0o644,
                 0,
@@ -484,8 +513,16 @@ fn inode_cache_stays_within_its_byte_budget() {
 fn an_impossible_count_is_loud() {
     let t = setup(320);
     let a =
-        t.fs.make_node(&Ctx::root(), 1, b"f", libc::S_IFREG | 0o644, 0, 0, None)
-            .unwrap();
+        t.fs.make_node(
+            &Ctx::root(),
+            Ino::ROOT,
+            b"f",
+            libc::S_IFREG | 0o644,
+            0,
+            0,
+            None,
+        )
+        .unwrap();
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.fs.forget(a.ino, 2)));
     if cfg!(debug_assertions) {
         assert!(r.is_err(), "debug builds stop at an impossible count");

@@ -6,7 +6,7 @@
 //! kernel under `FUSE_POSIX_ACL`). Anything else is `EOPNOTSUPP`.
 
 use super::tiers::{self, Tier};
-use super::{CoreError, Ctx, Fs, Result, State, acl};
+use super::{CoreError, Ctx, Fs, Ino, Result, State, acl};
 use crate::format::envelope::{Kind, open, seal};
 use crate::format::inode::{Inode, Timestamp};
 use crate::format::keys;
@@ -193,7 +193,8 @@ impl Fs {
         Ok(before)
     }
 
-    pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+    pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        let ino = ino.0;
         check_name(name)?;
         let found = {
             let mut st = self.state.lock();
@@ -212,12 +213,13 @@ impl Fs {
     pub fn setxattr(
         &self,
         ctx: &Ctx,
-        ino: u64,
+        ino: Ino,
         name: &[u8],
         value: &[u8],
         flags: i32,
     ) -> Result<()> {
         check_name(name)?;
+        let ino = ino.0;
         if value.len() > XATTR_SIZE_MAX {
             return Err(CoreError::TooBig);
         }
@@ -263,7 +265,8 @@ impl Fs {
         self.commit(w)
     }
 
-    pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+    pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
+        let ino = ino.0;
         check_name(name)?;
         let _space = self.removable()?;
         let mut st = self.state.lock();
@@ -282,7 +285,8 @@ impl Fs {
 
     /// All names, NUL-terminated, as `listxattr` returns them; `trusted.*`
     /// only for callers with CAP_SYS_ADMIN.
-    pub fn listxattr(&self, ctx: &Ctx, ino: u64) -> Result<Vec<u8>> {
+    pub fn listxattr(&self, ctx: &Ctx, ino: Ino) -> Result<Vec<u8>> {
+        let ino = ino.0;
         let (mut names, overflow) = {
             let mut st = self.state.lock();
             let inode = self.inode(&mut st, ino)?;

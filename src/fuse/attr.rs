@@ -69,7 +69,7 @@ pub fn dtype(kind: u8) -> FileType {
 
 pub fn file_attr(a: &Attr) -> FileAttr {
     FileAttr {
-        ino: INodeNo(a.ino),
+        ino: INodeNo(a.ino.0),
         size: a.size,
         blocks: a.blocks,
         atime: system_time(a.atime),

@@ -27,7 +27,7 @@ use fuser::{
 };
 use parking_lot::Mutex;
 
-use crate::core::{self, CoreError, Ctx, Fs, OpenMode, SetAttr, TimeSet};
+use crate::core::{self, Cookie, CoreError, Ctx, Fh, Fs, Ino, OpenMode, SetAttr, TimeSet};
 use answer::{Answer, Entry};
 use attr::{file_attr, request_time};
 use stats::{Op, Stats};
@@ -81,8 +81,8 @@ pub struct SafsFuse {
 
 #[derive(Default)]
 struct Backing {
-    by_ino: HashMap<u64, Weak<BackingId>>,
-    by_fh: HashMap<u64, Arc<BackingId>>,
+    by_ino: HashMap<Ino, Weak<BackingId>>,
+    by_fh: HashMap<Fh, Arc<BackingId>>,
 }
 
 impl SafsFuse {
@@ -132,7 +132,7 @@ impl SafsFuse {
             attr_ttl: self.attr_ttl(&a),
             entry_ttl: TTL,
             attr: file_attr(&a),
-            generation: Generation(a.generation),
+            generation: Generation(a.generation.0),
         }));
     }
 
@@ -161,7 +161,7 @@ impl SafsFuse {
                     id
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, ino = h.ino, "kernel refused a passthrough backing file; serving it from the daemon");
+                    tracing::warn!(error = %e, ino = h.ino.0, "kernel refused a passthrough backing file; serving it from the daemon");
                     return None;
                 }
             },
@@ -177,8 +177,8 @@ impl SafsFuse {
     /// directory ends.
     fn list(
         &self,
-        ino: u64,
-        mut offset: u64,
+        ino: Ino,
+        mut offset: Cookie,
         page: usize,
         mut add: impl FnMut(&core::DirEntry) -> core::Result<bool>,
     ) -> core::Result<()> {
@@ -202,10 +202,10 @@ impl SafsFuse {
     /// (A listing the kernel serves from its own cache never comes here;
     /// the first one after a change always does, which is what `relatime`
     /// needs.)
-    fn note_listing(&self, ino: u64, offset: u64) {
+    fn note_listing(&self, ino: Ino, offset: u64) {
         if offset == 0 {
             if let Err(e) = self.fs.note_dir_read(ino) {
-                tracing::debug!(ino, error = %e, "directory access time not updated");
+                tracing::debug!(ino = ino.0, error = %e, "directory access time not updated");
             }
         }
     }
@@ -282,18 +282,18 @@ impl Filesystem for SafsFuse {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let _t = self.stats.start(Op::Lookup);
-        let r = self.fs.lookup(parent.0, name.as_bytes());
+        let r = self.fs.lookup(Ino(parent.0), name.as_bytes());
         self.entry(reply, r);
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
         let _t = self.stats.start(Op::Forget);
-        self.fs.forget(ino.0, nlookup);
+        self.fs.forget(Ino(ino.0), nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let _t = self.stats.start(Op::Getattr);
-        self.attr(reply, self.fs.getattr(ino.0));
+        self.attr(reply, self.fs.getattr(Ino(ino.0)));
     }
 
     fn setattr(
@@ -325,12 +325,12 @@ impl Filesystem for SafsFuse {
             ctime: ctime.map(request_time),
             fh: fh.map(|f| f.0),
         };
-        self.attr(reply, self.fs.setattr(&ctx(req), ino.0, &set));
+        self.attr(reply, self.fs.setattr(&ctx(req), Ino(ino.0), &set));
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let _t = self.stats.start(Op::Readlink);
-        reply.answer(self.fs.readlink(ino.0));
+        reply.answer(self.fs.readlink(Ino(ino.0)));
     }
 
     fn mknod(
@@ -346,7 +346,7 @@ impl Filesystem for SafsFuse {
         let _t = self.stats.start(Op::Mknod);
         let r = self.fs.make_node(
             &ctx(req),
-            parent.0,
+            Ino(parent.0),
             name.as_bytes(),
             mode,
             umask,
@@ -367,20 +367,26 @@ impl Filesystem for SafsFuse {
     ) {
         let _t = self.stats.start(Op::Mkdir);
         let mode = libc::S_IFDIR | (mode & 0o7777);
-        let r = self
-            .fs
-            .make_node(&ctx(req), parent.0, name.as_bytes(), mode, umask, 0, None);
+        let r = self.fs.make_node(
+            &ctx(req),
+            Ino(parent.0),
+            name.as_bytes(),
+            mode,
+            umask,
+            0,
+            None,
+        );
         self.entry(reply, r);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _t = self.stats.start(Op::Unlink);
-        reply.answer(self.fs.unlink(parent.0, name.as_bytes()))
+        reply.answer(self.fs.unlink(Ino(parent.0), name.as_bytes()))
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _t = self.stats.start(Op::Rmdir);
-        reply.answer(self.fs.rmdir(parent.0, name.as_bytes()))
+        reply.answer(self.fs.rmdir(Ino(parent.0), name.as_bytes()))
     }
 
     fn symlink(
@@ -394,7 +400,7 @@ impl Filesystem for SafsFuse {
         let _t = self.stats.start(Op::Symlink);
         let r = self.fs.make_node(
             &ctx(req),
-            parent.0,
+            Ino(parent.0),
             link_name.as_bytes(),
             libc::S_IFLNK | 0o777,
             0,
@@ -422,9 +428,9 @@ impl Filesystem for SafsFuse {
         };
         reply.answer(self.fs.rename(
             &ctx(req),
-            parent.0,
+            Ino(parent.0),
             name.as_bytes(),
-            newparent.0,
+            Ino(newparent.0),
             newname.as_bytes(),
             f,
         ));
@@ -439,7 +445,9 @@ impl Filesystem for SafsFuse {
         reply: ReplyEntry,
     ) {
         let _t = self.stats.start(Op::Link);
-        let r = self.fs.link(ino.0, newparent.0, newname.as_bytes());
+        let r = self
+            .fs
+            .link(Ino(ino.0), Ino(newparent.0), newname.as_bytes());
         self.entry(reply, r);
     }
 
@@ -447,7 +455,7 @@ impl Filesystem for SafsFuse {
         let _t = self.stats.start(Op::Open);
         match self
             .fs
-            .open_as(&ctx(req), ino.0, OpenMode::from_flags(flags.0))
+            .open_as(&ctx(req), Ino(ino.0), OpenMode::from_flags(flags.0))
         {
             Ok(h) => {
                 if h.writable && self.passthrough {
@@ -460,9 +468,9 @@ impl Filesystem for SafsFuse {
                     }
                 }
                 if let Some(id) = self.backing_for(&h, |f| reply.open_backing(f)) {
-                    reply.opened_passthrough(FileHandle(h.fh), FILE_OPEN_FLAGS, &id);
+                    reply.opened_passthrough(FileHandle(h.fh.0), FILE_OPEN_FLAGS, &id);
                 } else {
-                    reply.opened(FileHandle(h.fh), FILE_OPEN_FLAGS);
+                    reply.opened(FileHandle(h.fh.0), FILE_OPEN_FLAGS);
                 }
             }
             Err(e) => reply.error(e.into()),
@@ -480,24 +488,28 @@ impl Filesystem for SafsFuse {
         reply: ReplyCreate,
     ) {
         let _t = self.stats.start(Op::Create);
-        match self
-            .fs
-            .create(&ctx(req), parent.0, name.as_bytes(), mode, umask, flags)
-        {
+        match self.fs.create(
+            &ctx(req),
+            Ino(parent.0),
+            name.as_bytes(),
+            mode,
+            umask,
+            flags,
+        ) {
             Ok((a, h)) => {
                 let attr = file_attr(&a);
-                let generation = Generation(a.generation);
+                let generation = Generation(a.generation.0);
                 if let Some(id) = self.backing_for(&h, |f| reply.open_backing(f)) {
                     reply.created_passthrough(
                         &TTL,
                         &attr,
                         generation,
-                        FileHandle(h.fh),
+                        FileHandle(h.fh.0),
                         FILE_OPEN_FLAGS,
                         &id,
                     );
                 } else {
-                    reply.created(&TTL, &attr, generation, FileHandle(h.fh), FILE_OPEN_FLAGS);
+                    reply.created(&TTL, &attr, generation, FileHandle(h.fh.0), FILE_OPEN_FLAGS);
                 }
             }
             Err(e) => reply.error(e.into()),
@@ -516,7 +528,7 @@ impl Filesystem for SafsFuse {
         reply: ReplyData,
     ) {
         let _t = self.stats.start(Op::Read);
-        reply.answer(self.fs.read(fh.0, offset, size));
+        reply.answer(self.fs.read(Fh(fh.0), offset, size));
     }
 
     fn write(
@@ -532,7 +544,7 @@ impl Filesystem for SafsFuse {
         reply: ReplyWrite,
     ) {
         let _t = self.stats.start(Op::Write);
-        reply.answer(self.fs.write(fh.0, offset, data));
+        reply.answer(self.fs.write(Fh(fh.0), offset, data));
     }
 
     fn flush(
@@ -560,13 +572,13 @@ impl Filesystem for SafsFuse {
         let _t = self.stats.start(Op::Release);
         {
             let mut b = self.backing.lock();
-            if let Some(id) = b.by_fh.remove(&fh.0) {
+            if let Some(id) = b.by_fh.remove(&Fh(fh.0)) {
                 if Arc::strong_count(&id) == 1 {
-                    b.by_ino.remove(&ino.0);
+                    b.by_ino.remove(&Ino(ino.0));
                 }
             }
         }
-        reply.answer(self.fs.release(fh.0))
+        reply.answer(self.fs.release(Fh(fh.0)))
     }
 
     fn fsync(
@@ -579,7 +591,7 @@ impl Filesystem for SafsFuse {
     ) {
         let _t = self.stats.start(Op::Fsync);
         self.sync_job(syncer::Job::File {
-            fh: fh.0,
+            fh: Fh(fh.0),
             datasync,
             reply,
         });
@@ -605,11 +617,11 @@ impl Filesystem for SafsFuse {
         mut reply: ReplyDirectory,
     ) {
         let _t = self.stats.start(Op::Readdir);
-        self.note_listing(ino.0, offset);
-        let r = self.list(ino.0, offset, 256, |e| {
+        self.note_listing(Ino(ino.0), offset);
+        let r = self.list(Ino(ino.0), Cookie(offset), 256, |e| {
             Ok(reply.add(
-                INodeNo(e.ino),
-                e.cookie,
+                INodeNo(e.ino.0),
+                e.cookie.0,
                 attr::dtype(e.kind),
                 OsStr::from_bytes(&e.name),
             ))
@@ -626,8 +638,8 @@ impl Filesystem for SafsFuse {
         mut reply: ReplyDirectoryPlus,
     ) {
         let _t = self.stats.start(Op::Readdirplus);
-        self.note_listing(ino.0, offset);
-        let r = self.list(ino.0, offset, 128, |e| {
+        self.note_listing(Ino(ino.0), offset);
+        let r = self.list(Ino(ino.0), Cookie(offset), 128, |e| {
             let a = match self.fs.entry_attr(e.ino) {
                 Ok(a) => a,
                 // Removed since the listing was read: skip it.
@@ -635,12 +647,12 @@ impl Filesystem for SafsFuse {
                 Err(err) => return Err(err),
             };
             let full = reply.add(
-                INodeNo(e.ino),
-                e.cookie,
+                INodeNo(e.ino.0),
+                e.cookie.0,
                 OsStr::from_bytes(&e.name),
                 &self.attr_ttl(&a),
                 &file_attr(&a),
-                Generation(a.generation),
+                Generation(a.generation.0),
             );
             // The kernel takes a reference for every entry but the dots.
             if !full && e.name != b"." && e.name != b".." {
@@ -693,23 +705,27 @@ impl Filesystem for SafsFuse {
         let _t = self.stats.start(Op::Setxattr);
         reply.answer(
             self.fs
-                .setxattr(&ctx(req), ino.0, name.as_bytes(), value, flags),
+                .setxattr(&ctx(req), Ino(ino.0), name.as_bytes(), value, flags),
         );
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let _t = self.stats.start(Op::Getxattr);
-        reply.answer(self.fs.getxattr(ino.0, name.as_bytes()).map(|v| (v, size)));
+        reply.answer(
+            self.fs
+                .getxattr(Ino(ino.0), name.as_bytes())
+                .map(|v| (v, size)),
+        );
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let _t = self.stats.start(Op::Listxattr);
-        reply.answer(self.fs.listxattr(&ctx(req), ino.0).map(|v| (v, size)));
+        reply.answer(self.fs.listxattr(&ctx(req), Ino(ino.0)).map(|v| (v, size)));
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _t = self.stats.start(Op::Removexattr);
-        reply.answer(self.fs.removexattr(ino.0, name.as_bytes()))
+        reply.answer(self.fs.removexattr(Ino(ino.0), name.as_bytes()))
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
@@ -729,7 +745,7 @@ impl Filesystem for SafsFuse {
         reply: ReplyEmpty,
     ) {
         let _t = self.stats.start(Op::Fallocate);
-        reply.answer(self.fs.fallocate(&ctx(req), fh.0, offset, length, mode))
+        reply.answer(self.fs.fallocate(&ctx(req), Fh(fh.0), offset, length, mode))
     }
 
     fn ioctl(
@@ -760,6 +776,6 @@ impl Filesystem for SafsFuse {
         reply: ReplyLseek,
     ) {
         let _t = self.stats.start(Op::Lseek);
-        reply.answer(self.fs.lseek(fh.0, offset, whence));
+        reply.answer(self.fs.lseek(Fh(fh.0), offset, whence));
     }
 }

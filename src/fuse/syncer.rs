@@ -10,12 +10,12 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use fuser::ReplyEmpty;
 
 use super::answer::Answer;
-use crate::core::Fs;
+use crate::core::{Fh, Fs};
 
 pub(super) enum Job {
     /// `fsync`/`fdatasync` of an open file: its data, then the metadata.
     File {
-        fh: u64,
+        fh: Fh,
         datasync: bool,
         reply: ReplyEmpty,
     },
