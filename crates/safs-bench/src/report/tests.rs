@@ -1,0 +1,257 @@
+//! The report from hand-made results: tables, notes, verdicts, charts.
+
+use super::*;
+use crate::config::{Scale, Sizes};
+use crate::record::{Machine, Rep, TargetInfo};
+
+fn target(label: &str, safs: bool) -> TargetInfo {
+    TargetInfo {
+        label: label.into(),
+        dir: format!("/mnt/{label}"),
+        fstype: if safs {
+            "fuse.safs".into()
+        } else {
+            label.into()
+        },
+        mount_source: String::new(),
+        safs_volume: safs.then(|| "/vol".into()),
+        inline_bytes: safs.then_some(320),
+        cold: "sync, drop_caches".into(),
+        cold_count: 0,
+        cold_secs: 0.0,
+    }
+}
+
+fn meas(
+    test: Test,
+    target: &str,
+    case: &str,
+    param: Option<u64>,
+    v: Option<f64>,
+    req: Option<&[(&str, u64)]>,
+) -> Measurement {
+    let mut m = Measurement::new(test, target, case, param, Unit::UsPerOp);
+    m.ops = 100;
+    match v {
+        Some(v) => m.reps.push(Rep {
+            secs: v,
+            value: v,
+            sd: None,
+            requests: req.map(|r| r.iter().map(|(k, n)| ((*k).to_string(), *n)).collect()),
+            daemon_ns: None,
+            engine: None,
+            daemon_mem: None,
+        }),
+        None => m.error = Some("ENOSPC: setxattr failed at 1 of 100".into()),
+    }
+    m
+}
+
+fn results() -> Results {
+    let get = [("getxattr", 100)];
+    let set = [("setxattr", 100), ("lookup", 3)];
+    let ms = vec![
+        meas(
+            Test::T1,
+            "safs",
+            "set cold",
+            Some(1),
+            Some(20.0),
+            Some(&set),
+        ),
+        meas(Test::T1, "ext4", "set cold", Some(1), Some(4.0), None),
+        meas(Test::T1, "safs", "set hot", Some(1), Some(10.0), Some(&set)),
+        meas(Test::T1, "ext4", "set hot", Some(1), Some(2.0), None),
+        meas(Test::T1, "safs", "get hot", Some(1), Some(8.0), Some(&get)),
+        meas(Test::T1, "ext4", "get hot", Some(1), Some(2.0), None),
+        meas(
+            Test::T1,
+            "safs",
+            "set cold",
+            Some(4096),
+            Some(30.0),
+            Some(&set),
+        ),
+        meas(Test::T1, "ext4", "set cold", Some(4096), None, None),
+        meas(
+            Test::T5,
+            "safs",
+            "create",
+            Some(1000),
+            Some(10.0),
+            Some(&[("create", 100)]),
+        ),
+        meas(
+            Test::T5,
+            "safs",
+            "create",
+            Some(10000),
+            Some(14.0),
+            Some(&[("create", 100)]),
+        ),
+        meas(Test::T5, "ext4", "create", Some(1000), Some(5.0), None),
+        meas(Test::T5, "ext4", "create", Some(10000), Some(5.5), None),
+    ];
+    Results {
+        safs_version: "0.1.0".into(),
+        command: vec!["safs".into(), "bench".into()],
+        scale: Scale::Small,
+        sizes: Sizes::of(Scale::Small),
+        baseline: "ext4".into(),
+        reps: 3,
+        started_unix: 0,
+        wall_secs: 1.0,
+        machine: Machine::default(),
+        targets: vec![target("safs", true), target("ext4", false)],
+        tests: vec![Test::T1, Test::T5],
+        steps: vec![],
+        measurements: ms,
+        warnings: vec!["something odd".into()],
+    }
+}
+
+#[test]
+fn ratios_and_formatting() {
+    assert_eq!(ratio(Some(3.0), Some(1.5)), Some(2.0));
+    assert_eq!(ratio(Some(3.0), Some(0.0)), None);
+    assert_eq!(ratio(None, Some(1.0)), None);
+    assert_eq!(fmt_value(1234.5), "1234");
+    assert_eq!(fmt_value(12.345), "12.3");
+    assert_eq!(fmt_value(1.2345), "1.23");
+    assert_eq!(fmt_value(0.12345), "0.123");
+    let q: BTreeMap<String, f64> = [
+        ("create".into(), 1.0),
+        ("flush".into(), 1.0),
+        ("lookup".into(), 0.5),
+    ]
+    .into();
+    assert_eq!(fmt_requests(&q), "2.50 (create 1, flush 1, lookup 0.50)");
+    assert_eq!(
+        short_error("E2BIG: setxattr failed at 1 of 10"),
+        "n/a (E2BIG)"
+    );
+    assert_eq!(short_error("walk saw 3 entries"), "n/a");
+    let many: BTreeMap<String, f64> = (0..10).map(|i| (format!("op{i}"), 1.0)).collect();
+    assert!(fmt_requests(&many).starts_with("10 (op0 1,"));
+    assert!(fmt_requests(&many).ends_with(", +2 more)"));
+}
+
+#[test]
+fn round_trips_leave_out_background_requests() {
+    let q: BTreeMap<String, f64> = [
+        ("open".into(), 1.0),
+        ("getxattr".into(), 1.0),
+        ("release".into(), 1.0),
+    ]
+    .into();
+    let (n, text) = round_trips(&q);
+    assert_eq!(n, 2.0);
+    assert_eq!(
+        text,
+        "2 (getxattr 1, open 1) round trips; background: release 1"
+    );
+    let only: BTreeMap<String, f64> = [("getxattr".into(), 1.0)].into();
+    assert_eq!(
+        round_trips(&only),
+        (1.0, "1 (getxattr 1) round trips".into())
+    );
+}
+
+#[test]
+fn tables_have_ratios_na_and_requests() {
+    let md = markdown(&results());
+    assert!(
+        md.contains("| case | N (bytes) | unit | safs | ext4 | safs req/op |"),
+        "{md}"
+    );
+    // safs 20 µs vs ext4 4 µs → 5×; requests 103 per 100 sets.
+    assert!(
+        md.contains(
+            "| set cold | 1 | µs/op | 20.0 (5.00×) | 4.00 | 1.03 (setxattr 1, lookup 0.03) |"
+        ),
+        "{md}"
+    );
+    assert!(
+        md.contains("| set cold | 4096 | µs/op | 30.0 | n/a (ENOSPC) |"),
+        "{md}"
+    );
+    assert!(md.contains("ext4, set cold 4096: ENOSPC"), "{md}");
+    // T5 growth row: 14/10 = 1.40 for safs, 1.10 for ext4.
+    assert!(
+        md.contains("| create: growth | 1000→10000 | × | 1.40 | 1.10 |"),
+        "{md}"
+    );
+    assert!(md.contains("something odd"));
+}
+
+#[test]
+fn checks_decide_targets() {
+    let c = checks(&results());
+    let find = |w: &str| c.iter().find(|c| c.what.starts_with(w)).unwrap();
+    assert_eq!(find("T1: every size").verdict, Verdict::Met);
+    assert_eq!(find("T1: hot getxattr").verdict, Verdict::Met);
+    assert_eq!(find("T1: hot setxattr").verdict, Verdict::Met);
+    assert_eq!(find("T5: create per-file").verdict, Verdict::Missed);
+    assert_eq!(find("T5: one round trip").verdict, Verdict::Met);
+}
+
+#[test]
+fn daemon_memory_is_reported_against_the_cache_bound() {
+    let mut r = results();
+    let mem = |anon_mib: u64, cache_mib: u64| DaemonMem {
+        peak_rss_kib: (anon_mib + 100) << 10,
+        rss_anon_kib: anon_mib << 10,
+        cache_bytes: cache_mib << 20,
+        cache_budget_bytes: 256 << 20,
+    };
+    // The largest figure of all repetitions of a test is the one shown.
+    let t5: Vec<usize> = (0..r.measurements.len())
+        .filter(|&i| r.measurements[i].test == Test::T5 && r.measurements[i].target == "safs")
+        .collect();
+    assert_eq!(t5.len(), 2);
+    r.measurements[t5[0]].reps[0].daemon_mem = Some(mem(300, 250));
+    r.measurements[t5[1]].reps[0].daemon_mem = Some(mem(120, 40));
+    let md = markdown(&r);
+    assert!(
+        md.contains(
+            "safs daemon memory: 300 MiB anonymous at most (heap and caches), peak resident 400 MiB"
+        ),
+        "{md}"
+    );
+    assert!(
+        md.contains("inode cache at most 250 of its 256 MiB bound"),
+        "{md}"
+    );
+    let verdict = |r: &Results| {
+        checks(r)
+            .into_iter()
+            .find(|c| c.what.starts_with("T5: inode cache"))
+            .map(|c| c.verdict)
+    };
+    assert_eq!(verdict(&r), Some(Verdict::Met));
+    // T1 reported no memory figures: no check for it.
+    assert!(
+        !checks(&r)
+            .iter()
+            .any(|c| c.what.starts_with("T1: inode cache"))
+    );
+    r.measurements[t5[1]].reps[0].daemon_mem = Some(mem(120, 300));
+    assert_eq!(verdict(&r), Some(Verdict::Missed));
+}
+
+#[test]
+fn charts_have_a_series_per_target_and_case() {
+    let r = results();
+    let c = t1_chart(&r);
+    // safs: set cold, set hot, get hot; ext4: set cold (one point n/a), set hot, get hot.
+    assert_eq!(c.series.len(), 6);
+    let ext4 = c.series.iter().find(|s| s.name == "ext4 set cold").unwrap();
+    assert_eq!(ext4.points, vec![(1.0, Some(4.0)), (4096.0, None)]);
+    // The line stops at 4 KiB, marked with the errno.
+    assert_eq!(ext4.stop, Some((1.0, 4.0, "ENOSPC".to_string())));
+    assert!(c.render().contains("✕ ENOSPC"));
+    assert_eq!(t5_chart(&r).series.len(), 2);
+    let ticks: Vec<String> = c.x_ticks.iter().map(|t| t.1.clone()).collect();
+    assert_eq!(ticks, ["1", "4 Ki"]);
+    assert_eq!(param_label(Test::T5, 1_000_000), "1M");
+}

@@ -1,0 +1,289 @@
+//! The targets of docs/benchmarks.md, decided for each safs target of a
+//! run: met, missed, or shown for information.
+
+use super::*;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Met,
+    Missed,
+    /// Shown for information; nothing to compare it with.
+    Info,
+}
+
+impl Verdict {
+    pub(super) fn text(self) -> &'static str {
+        match self {
+            Verdict::Met => "met",
+            Verdict::Missed => "**missed**",
+            Verdict::Info => "—",
+        }
+    }
+
+    fn of(ok: bool) -> Verdict {
+        if ok { Verdict::Met } else { Verdict::Missed }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Check {
+    pub target: String,
+    pub what: String,
+    pub measured: String,
+    pub verdict: Verdict,
+}
+
+/// The targets of docs/benchmarks.md that this run can decide, for each safs
+/// target. Comparisons are against the baseline (ext4 by default).
+pub fn checks(r: &Results) -> Vec<Check> {
+    let mut out = Vec::new();
+    let base = r.baseline.as_str();
+    let has_base = r.targets.iter().any(|t| t.label == base);
+    for t in r.targets.iter().filter(|t| t.safs_volume.is_some()) {
+        let l = t.label.as_str();
+        let mut add = |what: &str, measured: String, verdict: Verdict| {
+            out.push(Check {
+                target: l.to_string(),
+                what: what.to_string(),
+                measured,
+                verdict,
+            });
+        };
+        let vs_base = |tb: &Table<'_>,
+                       case: &str,
+                       limit: f64,
+                       what: &str,
+                       add: &mut dyn FnMut(&str, String, Verdict)| {
+            if !has_base {
+                return;
+            }
+            if let Some(q) = ratio(tb.best(case, None, l), tb.best(case, None, base)) {
+                add(what, format!("{q:.2}× {base}"), Verdict::of(q <= limit));
+            } else {
+                add(what, "n/a".into(), Verdict::Missed);
+            }
+        };
+        let max_req = |tb: &Table<'_>, case: &str| -> Option<(f64, String)> {
+            tb.params(case)
+                .into_iter()
+                .filter_map(|p| {
+                    let q = tb.get(case, p, l)?.requests_per_op()?;
+                    Some((total(&q), fmt_requests(&q)))
+                })
+                .max_by(|a, b| a.0.total_cmp(&b.0))
+        };
+        let max_trips = |tb: &Table<'_>, case: &str| -> Option<(f64, String)> {
+            tb.params(case)
+                .into_iter()
+                .filter_map(|p| round_trips(&tb.get(case, p, l)?.requests_per_op()?).into())
+                .max_by(|a, b| a.0.total_cmp(&b.0))
+        };
+        for &test in &r.tests {
+            let tb = table(r, test);
+            match test {
+                Test::T1 => {
+                    let failed: Vec<String> = tb
+                        .params("set cold")
+                        .into_iter()
+                        .filter(|p| tb.get("set cold", *p, l).is_none_or(|m| m.error.is_some()))
+                        .map(|p| p.unwrap_or(0).to_string())
+                        .collect();
+                    add(
+                        "T1: every size 1 B – 64 KiB works",
+                        if failed.is_empty() {
+                            "all sizes".into()
+                        } else {
+                            format!("failed: {}", failed.join(", "))
+                        },
+                        Verdict::of(failed.is_empty()),
+                    );
+                    if let Some((n, txt)) = max_trips(&tb, "get hot") {
+                        add(
+                            "T1: hot getxattr = one round trip (worst size)",
+                            txt,
+                            Verdict::of(n <= 1.05),
+                        );
+                    }
+                    if let Some((n, txt)) = max_trips(&tb, "set hot") {
+                        add(
+                            "T1: hot setxattr = one round trip (worst size)",
+                            txt,
+                            Verdict::of(n <= 1.05),
+                        );
+                    }
+                    if let Some((_, txt)) = max_req(&tb, "get cold") {
+                        add(
+                            "T1: cold getxattr requests (worst size)",
+                            txt,
+                            Verdict::Info,
+                        );
+                    }
+                    // A cold get is LOOKUP (the entry, then the inode) and
+                    // GETXATTR; for a value within the inline budget the
+                    // GETXATTR itself reads nothing more.
+                    let inline = r
+                        .targets
+                        .iter()
+                        .find(|t| t.label == *l)
+                        .and_then(|t| t.inline_bytes)
+                        .unwrap_or(0);
+                    let cold_reads = tb
+                        .params("get cold")
+                        .into_iter()
+                        .filter(|p| p.is_some_and(|n| n <= inline))
+                        .filter_map(|p| tb.get("get cold", p, l)?.engine_per_op())
+                        .max_by(|a, b| total(a).total_cmp(&total(b)));
+                    if let Some(e) = cold_reads {
+                        let reads = e.get("get").copied().unwrap_or(0.0)
+                            + e.get("scan").copied().unwrap_or(0.0);
+                        add(
+                            &format!(
+                                "T1: cold get ≤ {inline} B: engine reads (LOOKUP: entry + inode; GETXATTR: none)"
+                            ),
+                            format!(
+                                "{} (point reads {}, scans {})",
+                                fmt_count(reads),
+                                fmt_count(e.get("get").copied().unwrap_or(0.0)),
+                                fmt_count(e.get("scan").copied().unwrap_or(0.0))
+                            ),
+                            Verdict::of(reads <= 2.05),
+                        );
+                    }
+                }
+                Test::T2 => {
+                    vs_base(
+                        &tb,
+                        "fstat",
+                        1.1,
+                        "T2: fstat loop ≤ 1.1× baseline",
+                        &mut add,
+                    );
+                    vs_base(&tb, "du hot", 1.5, "T2: du hot ≤ 1.5× baseline", &mut add);
+                    vs_base(&tb, "du cold", 1.0, "T2: du cold ≤ 1.0× baseline", &mut add);
+                }
+                Test::T3 => {
+                    let failed: Vec<String> = tb
+                        .params("write")
+                        .into_iter()
+                        .filter(|p| tb.get("write", *p, l).is_none_or(|m| m.error.is_some()))
+                        .map(|p| p.unwrap_or(0).to_string())
+                        .collect();
+                    add(
+                        "T3: every chunk size works",
+                        if failed.is_empty() {
+                            "all sizes".into()
+                        } else {
+                            format!("failed: {}", failed.join(", "))
+                        },
+                        Verdict::of(failed.is_empty()),
+                    );
+                    let one_chunk = tb
+                        .params("read hot")
+                        .into_iter()
+                        .filter(|p| p.unwrap_or(0) as usize >= r.sizes.t3_metadata_bytes)
+                        .filter_map(|p| tb.get("read hot", p, l)?.requests_per_op())
+                        .map(|q| round_trips(&q))
+                        .max_by(|a, b| a.0.total_cmp(&b.0));
+                    if let Some((n, txt)) = one_chunk {
+                        add(
+                            "T3: one-chunk read in ≤ 2 round trips (open + fgetxattr)",
+                            txt,
+                            Verdict::of(n <= 2.05),
+                        );
+                    }
+                }
+                Test::T4 => {
+                    if let Some(q) = tb.best("xattr / no xattr", None, l) {
+                        add(
+                            "T4: dbench -x keeps ≥ 95 % of its throughput",
+                            format!("{:.0} %", q * 100.0),
+                            Verdict::of(q >= 0.95),
+                        );
+                    }
+                    if has_base
+                        && let Some(q) = ratio(
+                            tb.best("no xattr", None, l),
+                            tb.best("no xattr", None, base),
+                        )
+                    {
+                        add(
+                            "T4: throughput vs baseline (no xattr)",
+                            format!("{q:.2}× {base}"),
+                            Verdict::Info,
+                        );
+                    }
+                }
+                Test::T5 => {
+                    for case in ["create", "ls -Al", "remove"] {
+                        let ps = tb.params(case);
+                        if let (Some(lo), Some(hi)) = (ps.first(), ps.last())
+                            && lo != hi
+                        {
+                            let g = ratio(tb.best(case, *hi, l), tb.best(case, *lo, l));
+                            add(
+                                &format!(
+                                    "T5: {case} per-file cost flat (≤ 1.3×) from N={} to N={}",
+                                    lo.unwrap_or(0),
+                                    hi.unwrap_or(0)
+                                ),
+                                g.map_or("n/a".into(), |g| format!("{g:.2}×")),
+                                Verdict::of(g.is_some_and(|g| g <= 1.3)),
+                            );
+                        }
+                    }
+                    if let Some((n, txt)) = max_trips(&tb, "create") {
+                        add(
+                            "T5: one round trip per created file (worst N)",
+                            txt,
+                            Verdict::of(n <= 1.05),
+                        );
+                    }
+                    // The last repetition lists a directory that did not
+                    // change since the one before.
+                    let repeat = tb
+                        .params("ls -Al")
+                        .into_iter()
+                        .filter_map(|p| {
+                            let m = tb.get("ls -Al", p, l)?;
+                            if m.reps.len() < 2 || m.error.is_some() {
+                                return None;
+                            }
+                            let req = m.reps.last()?.requests.as_ref()?;
+                            let n: u64 = req.values().sum();
+                            Some((n as f64 / m.ops.max(1) as f64, p.unwrap_or(0), n))
+                        })
+                        .max_by(|a, b| a.0.total_cmp(&b.0));
+                    if let Some((per, n_files, n)) = repeat {
+                        add(
+                            "T5: repeated ls -Al: no round trip per entry (worst N)",
+                            format!("{n} requests for {n_files} entries ({per:.3}/entry)"),
+                            Verdict::of(per <= 0.05),
+                        );
+                    }
+                }
+                Test::T6 | Test::T7 => {
+                    let case = if test == Test::T6 {
+                        "read hot"
+                    } else {
+                        "getxattr absent"
+                    };
+                    if let Some((_, txt)) = max_req(&tb, case) {
+                        add(&format!("{test}: {case} requests"), txt, Verdict::Info);
+                    }
+                }
+            }
+            // Scale without memory growth matters where the tests are
+            // largest: the inode cache must stay within its configured bound.
+            if matches!(test, Test::T1 | Test::T5)
+                && let Some(m) = daemon_mem(r, test, l)
+            {
+                add(
+                    &format!("{test}: inode cache within its bound (daemon memory beside it)"),
+                    mem_line(&m),
+                    Verdict::of(m.cache_bytes <= m.cache_budget_bytes),
+                );
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,263 @@
+//! The final sweep: link counts, sizes and spill/overflow counts against
+//! what the passes found, inodes nothing names, backing files no inode
+//! owns, and the volume counters.
+
+use super::*;
+
+impl Checker<'_> {
+    /// Compares counts with inodes, markers with link counts, backing files
+    /// with sizes.
+    pub(super) fn sweep(&mut self) -> Result<()> {
+        let data = self.layout.data();
+        let inos: Vec<u64> = self.inodes.keys().copied().collect();
+        let mut lost = Vec::new();
+        for ino in inos {
+            let mut info = self.inodes.remove(&ino).expect("listed");
+            let i = &mut info.inode;
+            // Orphans: reclaimed at mount, so reclaim them here too.
+            if info.orphan_marker || (i.nlink == 0 && info.names == 0) {
+                if info.names > 0 {
+                    // A marker on a named inode: drop the marker.
+                    self.find(
+                        format!("inode {ino}: orphan marker on a linked inode"),
+                        true,
+                    );
+                    self.delete(&keys::orphan(ino));
+                } else {
+                    self.report.recovered += 1;
+                    if !info.orphan_marker {
+                        self.find(
+                            format!("inode {ino}: unlinked inode without an orphan marker"),
+                            true,
+                        );
+                    }
+                    if self.repair {
+                        self.free(ino, i);
+                    }
+                    continue;
+                }
+            }
+            if info.writer_marker {
+                self.report.recovered += 1;
+                if self.repair {
+                    self.delete(&keys::writing(ino));
+                    if let Ok(m) =
+                        std::fs::metadata(data.join(format!("{:02x}/{ino:016x}", ino & 0xff)))
+                    {
+                        if m.size() != i.size {
+                            i.size = m.size();
+                            i.blocks = m.blocks();
+                            info.dirty = true;
+                        }
+                    }
+                }
+            }
+            let want_links = if i.is_dir() {
+                2 + info.subdirs
+            } else {
+                info.names
+            };
+            if ino != ROOT_INO && info.names == 0 {
+                lost.push(ino);
+            } else if i.nlink != want_links {
+                self.find(
+                    format!("inode {ino}: link count {} should be {want_links}", i.nlink),
+                    true,
+                );
+                i.nlink = want_links;
+                info.dirty = true;
+            }
+            if i.is_dir() {
+                if info.names > 1 {
+                    self.find(format!("directory {ino} has {} names", info.names), false);
+                }
+                let parent = if ino == ROOT_INO {
+                    Some(ROOT_INO)
+                } else {
+                    info.named_in
+                };
+                if let Some(p) = parent {
+                    if i.parent != p {
+                        self.find(
+                            format!("directory {ino}: '..' is {} but it lives in {p}", i.parent),
+                            true,
+                        );
+                        i.parent = p;
+                        info.dirty = true;
+                    }
+                }
+            }
+            if i.spill_len > 0 && !info.has_spill {
+                self.find(
+                    format!("inode {ino}: spill record missing; its spilled xattrs are lost"),
+                    true,
+                );
+                i.spill_len = 0;
+                info.dirty = true;
+            }
+            if i.overflow != info.overflow_seen {
+                self.find(
+                    format!(
+                        "inode {ino}: overflow count {} should be {}",
+                        i.overflow, info.overflow_seen
+                    ),
+                    true,
+                );
+                i.overflow = info.overflow_seen;
+                info.dirty = true;
+            }
+            if i.is_symlink() && !info.has_symlink {
+                self.find(format!("symlink {ino}: target missing"), false);
+            }
+            if i.is_reg() && !info.writer_marker {
+                let path = data.join(format!("{:02x}/{ino:016x}", ino & 0xff));
+                match std::fs::metadata(&path) {
+                    Ok(m) if m.size() != i.size => {
+                        if self.unclean {
+                            self.report.recovered += 1;
+                        } else {
+                            self.find(
+                                format!(
+                                    "file {ino}: size {} but its backing file holds {}",
+                                    i.size,
+                                    m.size()
+                                ),
+                                true,
+                            );
+                        }
+                        i.size = m.size();
+                        i.blocks = m.blocks();
+                        info.dirty = true;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound && i.size > 0 => {
+                        self.find(
+                            format!("file {ino}: backing file missing ({} bytes lost)", i.size),
+                            false,
+                        );
+                    }
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        self.find(format!("file {ino}: backing file unreadable: {e}"), false);
+                    }
+                    _ => {}
+                }
+            }
+            if info.dirty {
+                let k = keys::inode(ino);
+                let rec = i.encode(&k);
+                self.put(&k, rec);
+            }
+            self.inodes.insert(ino, info);
+        }
+        for ino in lost {
+            self.find(format!("inode {ino} has no name"), true);
+            self.link_into_lost_found(ino)?;
+        }
+        self.sweep_backing()?;
+        Ok(())
+    }
+
+    pub(super) fn free(&mut self, ino: u64, inode: &Inode) {
+        for k in [
+            keys::inode(ino),
+            keys::spill(ino),
+            keys::symlink(ino),
+            keys::orphan(ino),
+            keys::writing(ino),
+        ] {
+            self.writes.push((k.to_vec(), None));
+        }
+        if inode.overflow > 0 {
+            let (s, e) = keys::ino_range(keys::P_OVERFLOW, ino);
+            if let Ok(recs) = self.store.scan(&s, &e, usize::MAX) {
+                for (k, _) in recs {
+                    self.writes.push((k, None));
+                }
+            }
+        }
+        let _ = std::fs::remove_file(
+            self.layout
+                .data()
+                .join(format!("{:02x}/{ino:016x}", ino & 0xff)),
+        );
+    }
+
+    pub(super) fn next_ino_floor(&self) -> u64 {
+        volume::read_counters(self.store).map_or(0, |c| c.next_ino)
+    }
+
+    pub(super) fn sweep_backing(&mut self) -> Result<()> {
+        let data = self.layout.data();
+        for i in 0..256u32 {
+            let dir = data.join(format!("{i:02x}"));
+            let Ok(rd) = std::fs::read_dir(&dir) else {
+                self.find(format!("backing directory {} missing", dir.display()), true);
+                if self.repair {
+                    std::fs::create_dir_all(&dir)?;
+                }
+                continue;
+            };
+            for e in rd.flatten() {
+                let name = e.file_name();
+                let ino = u64::from_str_radix(&name.to_string_lossy(), 16).ok();
+                let owned = ino
+                    .and_then(|i| self.inodes.get(&i))
+                    .is_some_and(|i| i.inode.is_reg());
+                if !owned {
+                    if self.unclean {
+                        self.report.recovered += 1;
+                    } else {
+                        self.find(
+                            format!("backing file {} belongs to no file", e.path().display()),
+                            true,
+                        );
+                    }
+                    if self.repair {
+                        std::fs::remove_file(e.path())?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn counters(&mut self) -> Result<()> {
+        let found = volume::read_counters(self.store);
+        let max = self.inodes.keys().next_back().copied().unwrap_or(ROOT_INO);
+        let live = self.inodes.len() as u64;
+        let fresh = Counters {
+            next_ino: max + 1,
+            inodes: live,
+        };
+        match found {
+            Ok(c) => {
+                if c.next_ino <= max {
+                    self.find(
+                        format!("next inode number {} is not above inode {max}", c.next_ino),
+                        true,
+                    );
+                    self.put(keys::COUNTERS, fresh.encode());
+                } else if c.inodes != live {
+                    self.find(format!("inode count {} should be {live}", c.inodes), true);
+                    self.put(
+                        keys::COUNTERS,
+                        Counters {
+                            next_ino: c.next_ino,
+                            inodes: live,
+                        }
+                        .encode(),
+                    );
+                }
+            }
+            Err(volume::VolumeError::CorruptCounters(e)) => {
+                self.find(format!("counters record unreadable ({e})"), true);
+                self.put(keys::COUNTERS, fresh.encode());
+            }
+            Err(volume::VolumeError::NoCounters) => {
+                self.find("counters record missing".into(), true);
+                self.put(keys::COUNTERS, fresh.encode());
+            }
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
+    }
+}
