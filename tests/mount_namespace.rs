@@ -965,15 +965,17 @@ fn space_of_unlinked_open_file_is_reclaimed_after_close() {
     assert!(list_dir(v.mnt()).is_empty());
 }
 
+/// `struct file_handle` with room for any handle FUSE makes.
+#[repr(C)]
+struct RawHandle {
+    bytes: u32,
+    kind: i32,
+    f: [u8; 128],
+}
+
 /// `name_to_handle_at` → handle bytes (type, then f_handle).
 fn file_handle(p: &Path) -> (i32, Vec<u8>) {
-    #[repr(C)]
-    struct Handle {
-        bytes: u32,
-        kind: i32,
-        f: [u8; 128],
-    }
-    let mut h = Handle {
+    let mut h = RawHandle {
         bytes: 128,
         kind: 0,
         f: [0; 128],
@@ -1003,13 +1005,7 @@ fn file_handle(p: &Path) -> (i32, Vec<u8>) {
 
 /// `open_by_handle_at` on the mount at `mnt`.
 fn open_by_handle(mnt: &Path, handle: &(i32, Vec<u8>)) -> Result<File, Errno> {
-    #[repr(C)]
-    struct Handle {
-        bytes: u32,
-        kind: i32,
-        f: [u8; 128],
-    }
-    let mut h = Handle {
+    let mut h = RawHandle {
         bytes: handle.1.len() as u32,
         kind: handle.0,
         f: [0; 128],

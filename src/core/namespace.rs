@@ -118,16 +118,7 @@ impl Fs {
     ) {
         let cookie = parent.next_cookie.max(FIRST_COOKIE);
         parent.next_cookie = cookie + 1;
-        let dk = keys::dirent(parent_ino, name);
-        let d = Dirent { ino, kind, cookie };
-        work.writes.push((dk.clone(), Some(d.encode(&dk))));
-        let ck = keys::dir_index(parent_ino, cookie);
-        let e = IndexEntry {
-            ino,
-            kind,
-            name: name.to_vec(),
-        };
-        work.writes.push((ck.to_vec(), Some(e.encode(&ck))));
+        self.put_entry_at(work, parent_ino, name, cookie, ino, kind);
     }
 
     /// Writes entry `name` of `parent_ino` at `cookie`, naming `ino`: a
