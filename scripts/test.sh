@@ -20,6 +20,8 @@
 #   6. stress-ng: its file-system stressors with --verify, one after the
 #      other, a few seconds each, on the same mount
 #   7. safs fsck of that volume once unmounted: it must be clean
+#   8. real Samba (smbd, smbclient) and OpenStack Swift (its object-server
+#      diskfile layer) on safs mounts: tests/interop/samba.sh and swift.sh
 # Every step runs even if an earlier one failed (except that pjdfstest needs a
 # built safs); the script prints a summary and exits non-zero if any failed.
 # Whatever it mounted is unmounted on exit, on failure and on Ctrl-C too.
@@ -348,6 +350,30 @@ if is_mounted "$MNT"; then
     record FAIL $((SECONDS - t0)) "safs fsck after pjdfstest and stress-ng: exit $rc"
   fi
 fi
+
+# --- 8. real Samba and Swift on a safs mount -----------------------------------
+# smbd + smbclient/smbcacls over SMB on the loopback (DOS attributes, NT
+# ACLs, streams in xattrs), and OpenStack Swift's object-server diskfile
+# layer writing and reading ~31.5 KiB of object metadata. Each script
+# installs what it needs, formats and mounts its own volume, and checks it
+# with fsck at the end. Recipes: docs/samba-and-swift.md.
+for interop in samba swift; do
+  t0=$SECONDS
+  say "interop: $interop (tests/interop/$interop.sh)"
+  set +e
+  SAFS="$SAFS" timeout -k 10 600 bash "$ROOT/tests/interop/$interop.sh" 2>&1 | tee "$WORK/interop-$interop.log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  line=$(grep -E "^$interop: [0-9]+ checks passed" "$WORK/interop-$interop.log" | tail -n 1 || true)
+  if [ "$rc" = 0 ] && [ -n "$line" ]; then
+    n=$(sed -E 's/^[a-z]+: ([0-9]+) .*/\1/' <<<"$line")
+    TOTAL_PASSED=$((TOTAL_PASSED + n))
+    record PASS $((SECONDS - t0)) "$line"
+  else
+    TOTAL_FAILED=$((TOTAL_FAILED + 1))
+    record FAIL $((SECONDS - t0)) "interop $interop (exit $rc)"
+  fi
+done
 
 # --- summary -------------------------------------------------------------------
 printf '\n==================== safs test summary ====================\n'

@@ -14,7 +14,8 @@
 #   - alternate data streams (streams_xattr) round-trip and are stored as
 #     user.DosStream.<name>:$DATA xattrs, including a 32 KiB and a 60 KiB
 #     stream (beyond ext4's 4 KiB xattr limit) and 16 more streams on the
-#     same file;
+#     same file; a 70,000-byte stream (over Linux's 64 KiB xattr limit) is
+#     refused by smbd with NT_STATUS_FILE_SYSTEM_LIMITATION, nothing lost;
 #   - an SMB extended attribute (ea support) is stored as a user.* xattr;
 #   - all of it survives stopping smbd, unmounting safs (fsck clean) and
 #     mounting again.
@@ -30,7 +31,8 @@
 #
 # Usage (root): bash tests/interop/samba.sh
 # Environment: SAFS (the safs binary; default target/release/safs of this
-# repository), SAMBA_TEST_PORT (first port to try, default 44455).
+# repository), SAFS_FORMAT_OPTS (extra `safs format` options, e.g.
+# "--inline-xattr-bytes 1024"), SAMBA_TEST_PORT (first port to try, default 44455).
 set -euo pipefail
 
 if [ "$(id -u)" != 0 ]; then
@@ -160,7 +162,8 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # ---------------------------------------------------------------- safs ----
-"$SAFS" format "$VOL" >/dev/null
+# shellcheck disable=SC2086 # SAFS_FORMAT_OPTS: options, split on spaces
+"$SAFS" format ${SAFS_FORMAT_OPTS:-} "$VOL" >/dev/null
 mkdir "$MNT"
 "$SAFS" mount "$VOL" "$MNT" -o allow_other
 MOUNTED=1
@@ -419,6 +422,18 @@ for s in Zone.Identifier big32k big60k small01 small16; do
 done
 grep -q '^stream: \[:big32k:\$DATA\], 32768 bytes' <<<"$out" || { echo "$out" >&2; fail "allinfo has a wrong size for big32k"; }
 pass "allinfo lists the streams with their sizes"
+
+# Beyond Linux's 64 KiB per xattr value: smbd refuses the write itself
+# ("smbd max xattr size" = 65536, which streams_xattr counts with the NUL it
+# appends) and the file's other streams stay as they were.
+head -c 70000 /dev/urandom >"$L/s70k"
+out=$(smbclient -s "$CONF" -p "$PORT" //127.0.0.1/safs -U "$SMBUSER%$SMBPASS" -E \
+    -c "put $L/s70k ads.txt:huge" 2>&1) || true
+grep -q NT_STATUS_FILE_SYSTEM_LIMITATION <<<"$out" \
+    || { echo "$out" >&2; fail "a 70,000-byte stream was not refused with NT_STATUS_FILE_SYSTEM_LIMITATION"; }
+smb "get ads.txt:big60k $L/s60k.again" >/dev/null
+cmp "$L/s60k" "$L/s60k.again" || fail "the 60 KiB stream changed after the refused 70 KiB write"
+pass "a 70,000-byte stream is refused by smbd (NT_STATUS_FILE_SYSTEM_LIMITATION); other streams intact"
 
 # ----------------------------------------------------------- EAs (SMB) ----
 smb "setea data.bin SafsTest hello-ea" >/dev/null

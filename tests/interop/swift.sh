@@ -23,7 +23,8 @@
 #
 # Usage (root): bash tests/interop/swift.sh
 # Environment: SAFS (the safs binary; default target/release/safs of this
-# repository).
+# repository), SAFS_FORMAT_OPTS (extra `safs format` options, e.g.
+# "--inline-xattr-bytes 1024").
 set -euo pipefail
 
 if [ "$(id -u)" != 0 ]; then
@@ -112,12 +113,20 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-"$SAFS" format "$VOL" >/dev/null
+# shellcheck disable=SC2086 # SAFS_FORMAT_OPTS: options, split on spaces
+"$SAFS" format ${SAFS_FORMAT_OPTS:-} "$VOL" >/dev/null
 mkdir -p "$MNT"
 "$SAFS" mount "$VOL" "$MNT" -o allow_other
 MOUNTED=1
 grep -q " $MNT fuse.safs " /proc/self/mounts || fail "$MNT is not a fuse.safs mount"
-# Swift's servers run as the swift user; here everything runs as root.
+# Swift's servers run as the swift user (python3-swift makes it) and own the
+# devices; the safs mount lets them in because of allow_other.
+SWIFT_USER=swift
+id "$SWIFT_USER" >/dev/null 2>&1 || fail "no $SWIFT_USER user (python3-swift makes it)"
+chmod 0711 "$T"
+chown "$SWIFT_USER:" "$MNT"
+mkdir "$T/state"
+chown "$SWIFT_USER:" "$T/state"
 
 mkdir "$T/swift"
 cat >"$T/swift/swift.conf" <<EOF
@@ -134,20 +143,32 @@ EOF
 run_py() {
     local out rc=0
     out=$("$PY" "$HERE/swift_diskfile.py" "$DEVICES" --swift-dir "$T/swift" \
-        --device "$DEV" --safs "$SAFS" --state "$T/state.json" --first $((N + 1)) "$@") || rc=$?
+        --device "$DEV" --safs "$SAFS" --state "$T/state/state.json" --user "$SWIFT_USER" \
+        --first $((N + 1)) "$@") || rc=$?
     grep -v '^checks: ' <<<"$out" || true
+    N=$((N + $(grep -c '^ok ' <<<"$out" || true)))
     [ "$rc" = 0 ] || fail "swift_diskfile.py $* exited with $rc"
-    local n
-    n=$(sed -n 's/^checks: //p' <<<"$out")
-    [ -n "$n" ] || fail "swift_diskfile.py $* did not report its checks"
-    N=$((N + n))
+    grep -qx "checks: $(grep -c '^ok ' <<<"$out")" <<<"$out" \
+        || fail "swift_diskfile.py $* did not finish its checks"
 }
 
 run_py --phase write
 
 unmount_safs || fail "could not unmount $MNT"
 "$SAFS" fsck "$VOL" >"$T/fsck1.out" 2>&1 || { cat "$T/fsck1.out" >&2; fail "safs fsck after the Swift checks is not clean"; }
-pass "safs fsck clean after the PUT/POST/DELETE checks ($(sed 's/.*: //' "$T/fsck1.out"))"
+pass "safs fsck after the PUT/POST/DELETE checks: $(sed 's/^[^:]*: //' "$T/fsck1.out")"
+# With safs unmounted, sdb1 is a plain directory: mount_check must refuse it
+# (so Swift never writes objects to the filesystem below the mountpoint).
+"$PY" - "$DEVICES" "$DEV" <<'PY' || fail "Swift's mount_check accepts $MNT while safs is not mounted"
+import sys
+from swift.common.constraints import check_mount
+try:
+    check_mount(sys.argv[1], sys.argv[2])
+except ValueError:
+    sys.exit(0)
+sys.exit(1)
+PY
+pass "with safs unmounted, Swift's check_mount refuses $MNT (\"is not mounted\")"
 "$SAFS" mount "$VOL" "$MNT" -o allow_other
 MOUNTED=1
 
