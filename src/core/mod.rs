@@ -13,6 +13,7 @@
 
 mod acl;
 pub mod creds;
+pub mod crypto;
 mod data;
 pub mod error;
 mod files;
