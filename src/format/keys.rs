@@ -11,6 +11,7 @@
 //! | `C` parent:u64 cookie:u64         | DirIndex            | cookie → (name, ino, type): readdir    |
 //! | `L` ino:u64                       | Symlink             | symlink target                         |
 //! | `O` ino:u64                       | Marker              | unlinked while open: reclaim at mount  |
+//! | `K`                               | KeyRecord           | encrypted volumes: the master key, wrapped by the passphrase (in the clear, as is `V`) |
 //! | `M`                               | MountState          | clean or mounted: after an unclean stop, sizes are reconciled from backing files and stray backing files removed |
 //! | `W` ino:u64                       | Marker              | retired (open-for-writing marker of early builds); deleted when found |
 //!
@@ -22,6 +23,8 @@
 pub const SUPERBLOCK: &[u8] = b"V";
 pub const COUNTERS: &[u8] = b"N";
 pub const MOUNT_STATE: &[u8] = b"M";
+/// The wrapped key of an encrypted volume (see `core::crypto`).
+pub const KEY_RECORD: &[u8] = b"K";
 
 pub const P_INODE: u8 = b'I';
 pub const P_SPILL: u8 = b'S';

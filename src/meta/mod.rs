@@ -81,6 +81,10 @@ pub enum MetaError {
     },
     #[error("metadata I/O: {0}")]
     Io(#[from] std::io::Error),
+    /// A sealed (encrypted) record failed authentication: changed, moved
+    /// or truncated. Never served.
+    #[error("record {0} failed authentication (changed or moved)")]
+    Sealed(String),
     /// No engine's files in the directory.
     #[error("{} holds no metadata store", .0.display())]
     Missing(std::path::PathBuf),

@@ -26,6 +26,7 @@
 mod blocks;
 mod keyfile;
 mod names;
+mod sealed;
 
 use aes_gcm_siv::aead::{Aead, KeyInit, Payload};
 use aes_gcm_siv::{Aes256GcmSiv, Nonce};
@@ -36,6 +37,7 @@ use zeroize::Zeroizing;
 pub use blocks::{BLOCK, BLOCK_OVERHEAD, BlockCipher, plain_len, sealed_len};
 pub use keyfile::{KdfParams, KeyRecord, tune_kdf};
 pub use names::{NAME_OVERHEAD, NameCipher, NameOf};
+pub use sealed::SealedStore;
 
 /// What can go wrong with keys and sealed data. Never carries key material.
 #[derive(Debug, thiserror::Error)]
