@@ -25,6 +25,7 @@ fn core(c: &mut Criterion) {
             force: false,
             uid: 0,
             gid: 0,
+            encryption: None,
         },
     )
     .expect("format");

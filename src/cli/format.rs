@@ -24,6 +24,7 @@ pub fn run(a: FormatArgs) -> anyhow::Result<()> {
         force: a.force,
         uid: nix::unistd::getuid().as_raw(),
         gid: nix::unistd::getgid().as_raw(),
+        encryption: None,
     };
     let sb = volume::format(&a.volume, &opts)
         .with_context(|| format!("cannot format {}", a.volume.display()))?;

@@ -47,6 +47,9 @@ pub enum CoreError {
     Corrupt { key: String, source: FormatError },
     #[error("metadata engine: {0}")]
     Meta(MetaError),
+    /// An encrypted volume opened without its keys, or the reverse.
+    #[error("{0}")]
+    Keys(&'static str),
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -91,6 +94,7 @@ impl CoreError {
             ReadOnly => libc::EROFS,
             TooManyLinks => libc::EMLINK,
             Corrupt { .. } | Meta(_) => libc::EIO,
+            Keys(_) => libc::EINVAL,
             Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
         }
     }

@@ -48,6 +48,7 @@ use crate::format::inode::Inode;
 use crate::format::keys;
 use crate::format::superblock::{MountState, Superblock};
 use crate::meta::{MetaStore, Write};
+use crypto::{Keyspace, SealedStore};
 use data::DataStore;
 use state::{Cached, State};
 use store::{Admit, HoldPolicy, Store, Ticket};
@@ -123,6 +124,8 @@ pub struct Options {
     /// xattr sets), so memory stays bounded whatever the xattr sizes.
     pub cache_bytes: usize,
     pub read_only: bool,
+    /// The keys of an encrypted volume (see `crypto`); `None` for a plain one.
+    pub keys: Option<Arc<crypto::VolumeKeys>>,
 }
 
 impl Default for Options {
@@ -135,6 +138,7 @@ impl Default for Options {
             inode_cache: 262_144,
             cache_bytes: 256 << 20,
             read_only: false,
+            keys: None,
         }
     }
 }
@@ -191,6 +195,8 @@ pub struct Fs {
     layout: Layout,
     sb: Superblock,
     store: Arc<Store>,
+    /// Where records live: names in keys encrypted on encrypted volumes.
+    keyspace: Keyspace,
     data: DataStore,
     budget: usize,
     opts: Options,
@@ -214,6 +220,20 @@ impl Fs {
     ) -> Result<Self> {
         let layout = Layout::new(dir);
         let data = DataStore::new(&layout.data());
+        if sb.is_encrypted() != opts.keys.is_some() {
+            return Err(CoreError::Keys(if sb.is_encrypted() {
+                "the volume is encrypted: it needs its keys"
+            } else {
+                "the volume is not encrypted: keys were given"
+            }));
+        }
+        let (engine, keyspace): (Arc<dyn MetaStore>, Keyspace) = match &opts.keys {
+            Some(k) => (
+                Arc::new(SealedStore::new(engine, Arc::clone(k))),
+                Keyspace::encrypted(Arc::clone(k)),
+            ),
+            None => (engine, Keyspace::plain()),
+        };
         let counters = match volume::read_counters(engine.as_ref()) {
             Ok(c) => c,
             Err(volume::VolumeError::Meta(e)) => return Err(e.into()),
@@ -242,6 +262,7 @@ impl Fs {
             budget: sb.inline_bytes as usize,
             sb,
             store,
+            keyspace,
             data,
             opts,
             state: Mutex::new(state),

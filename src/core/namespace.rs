@@ -98,7 +98,7 @@ impl Fs {
     }
 
     fn dirent(&self, parent: u64, name: &[u8]) -> Result<Option<Dirent>> {
-        let key = keys::dirent(parent, name);
+        let key = self.keyspace.dirent(parent, name);
         match self.store.get(&key)? {
             Some(rec) => Ok(Some(
                 Dirent::decode(&key, &rec).map_err(|e| CoreError::corrupt(&key, e))?,
@@ -134,7 +134,7 @@ impl Fs {
         ino: u64,
         kind: u8,
     ) {
-        let dk = keys::dirent(parent_ino, name);
+        let dk = self.keyspace.dirent(parent_ino, name);
         let d = Dirent { ino, kind, cookie };
         work.writes.push((dk.clone(), Some(d.encode(&dk))));
         let ck = keys::dir_index(parent_ino, cookie);
@@ -147,7 +147,8 @@ impl Fs {
     }
 
     fn remove_entry(&self, work: &mut Work, parent_ino: u64, name: &[u8], d: &Dirent) {
-        work.writes.push((keys::dirent(parent_ino, name), None));
+        work.writes
+            .push((self.keyspace.dirent(parent_ino, name), None));
         work.writes
             .push((keys::dir_index(parent_ino, d.cookie).to_vec(), None));
     }

@@ -64,6 +64,7 @@ fn setup(budget: u32) -> T {
         force: false,
         uid: 0,
         gid: 0,
+        encryption: None,
     });
     engine.commit(&recs).unwrap();
     let fs = remount(dir.path(), &engine, sb);
@@ -530,4 +531,151 @@ fn an_impossible_count_is_loud() {
         r.unwrap();
     }
     assert_eq!(t.fs.broken_counts(), 1, "counted for safs info --stats");
+}
+
+/// An encrypted volume on the real engine: every name, xattr and symlink
+/// target reads back through the keys, none of them is in the metadata
+/// file in the clear, and the volume refuses to mount without its keys or
+/// with another volume's.
+#[test]
+fn encrypted_volume_keeps_names_and_values_sealed() {
+    use crate::core::crypto::KdfParams;
+    use crate::core::volume::{self, Encryption};
+    let dir = tempfile::tempdir().unwrap();
+    let vol = dir.path().join("vol");
+    let pass = b"correct horse".to_vec();
+    volume::format(
+        &vol,
+        &volume::FormatOptions {
+            inline_bytes: 256,
+            force: false,
+            uid: 0,
+            gid: 0,
+            encryption: Some(Encryption {
+                passphrase: zeroize::Zeroizing::new(pass.clone()),
+                kdf: KdfParams::TESTING,
+            }),
+        },
+    )
+    .unwrap();
+    let open = |with_keys: bool| {
+        let (store, sb) = volume::open_store(&vol).unwrap();
+        let keys = with_keys.then(|| {
+            let master = volume::unlock(store.as_ref(), &sb, &pass).unwrap();
+            volume::keys_for(&master, &sb)
+        });
+        let opts = Options {
+            commit_interval: Duration::from_millis(1),
+            keys,
+            ..Options::default()
+        };
+        Fs::mount(&vol, store, sb, opts)
+    };
+    {
+        let fs = open(true).unwrap();
+        let ctx = Ctx::root();
+        let d = fs
+            .make_node(
+                &ctx,
+                Ino::ROOT,
+                b"SecretDir",
+                libc::S_IFDIR | 0o755,
+                0,
+                0,
+                None,
+            )
+            .unwrap();
+        let f = fs
+            .make_node(
+                &ctx,
+                d.ino,
+                b"SecretFile",
+                libc::S_IFREG | 0o644,
+                0,
+                0,
+                None,
+            )
+            .unwrap();
+        fs.make_node(
+            &ctx,
+            d.ino,
+            b"SecretLink",
+            libc::S_IFLNK | 0o777,
+            0,
+            0,
+            Some(b"SecretTarget"),
+        )
+        .unwrap();
+        fs.setxattr(&ctx, f.ino, b"user.SecretSmall", b"SecretValue1", 0)
+            .unwrap();
+        fs.setxattr(&ctx, f.ino, b"user.SecretBig", &[b'Q'; 65_536], 0)
+            .unwrap();
+        fs.close().unwrap();
+    }
+    let mut raw = Vec::new();
+    for f in std::fs::read_dir(vol.join("meta")).unwrap() {
+        raw.extend(written_bytes(&f.unwrap().path()));
+    }
+    for needle in [&b"Secret"[..], b"correct horse", &[b'Q'; 64][..], b"user."] {
+        assert!(
+            !raw.windows(needle.len()).any(|w| w == needle),
+            "{:?} is in the metadata file in the clear",
+            String::from_utf8_lossy(needle)
+        );
+    }
+    assert!(matches!(open(false), Err(CoreError::Keys(_))));
+    let fs = open(true).unwrap();
+    let ctx = Ctx::root();
+    let d = fs.lookup(Ino::ROOT, b"SecretDir").unwrap();
+    let f = fs.lookup(d.ino, b"SecretFile").unwrap();
+    let l = fs.lookup(d.ino, b"SecretLink").unwrap();
+    assert_eq!(fs.readlink(l.ino).unwrap(), b"SecretTarget");
+    assert_eq!(
+        fs.getxattr(f.ino, b"user.SecretSmall").unwrap(),
+        b"SecretValue1"
+    );
+    assert_eq!(fs.getxattr(f.ino, b"user.SecretBig").unwrap().len(), 65_536);
+    let mut names: Vec<Vec<u8>> = fs
+        .readdir(d.ino, Cookie(0), 100)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [&b"."[..], b"..", b"SecretFile", b"SecretLink"].map(|n| n.to_vec())
+    );
+    let mut list = fs.listxattr(&ctx, f.ino).unwrap();
+    list.sort();
+    let mut want = b"user.SecretBig\0user.SecretSmall\0".to_vec();
+    want.sort();
+    assert_eq!(list, want);
+    assert!(matches!(
+        fs.lookup(d.ino, b"Missing"),
+        Err(CoreError::NotFound)
+    ));
+    fs.close().unwrap();
+}
+
+/// The bytes of a (sparse) file's data extents: the metadata file is
+/// extended sparsely to the engine's map size.
+fn written_bytes(path: &std::path::Path) -> Vec<u8> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).unwrap();
+    let len = f.metadata().unwrap().len() as i64;
+    let mut out = Vec::new();
+    let mut pos = 0i64;
+    while pos < len {
+        let Ok(data) = nix::unistd::lseek(&f, pos, nix::unistd::Whence::SeekData) else {
+            break;
+        };
+        let hole = nix::unistd::lseek(&f, data, nix::unistd::Whence::SeekHole).unwrap();
+        f.seek(SeekFrom::Start(data as u64)).unwrap();
+        let mut buf = vec![0; (hole - data) as usize];
+        f.read_exact(&mut buf).unwrap();
+        out.extend(buf);
+        pos = hole;
+    }
+    out
 }

@@ -99,7 +99,7 @@ impl Fs {
     }
 
     fn overflow_get(&self, ino: u64, name: &[u8]) -> Result<Option<Vec<u8>>> {
-        let key = keys::overflow(ino, name);
+        let key = self.keyspace.overflow(ino, name);
         match self.store.get(&key)? {
             Some(rec) => Ok(Some(
                 open(&key, Kind::Overflow, &rec)
@@ -145,7 +145,10 @@ impl Fs {
         let in_overflow = inode.overflow > 0
             && !inode.inline.contains(name)
             && !spill.contains(name)
-            && self.store.get(&keys::overflow(ino, name))?.is_some();
+            && self
+                .store
+                .get(&self.keyspace.overflow(ino, name))?
+                .is_some();
         let before = tiers::locate(&inode.inline, &spill, in_overflow, name);
         let t = match value {
             Some(v) => tiers::set(
@@ -169,7 +172,7 @@ impl Fs {
             }
         }
         if let Some(ov) = t.overflow {
-            let key = keys::overflow(ino, name);
+            let key = self.keyspace.overflow(ino, name);
             match ov {
                 Some(v) => {
                     if !in_overflow {
@@ -186,7 +189,7 @@ impl Fs {
         } else if in_overflow {
             // Moved out of overflow into a packed tier.
             inode.overflow = st.drop_overflow(ino, inode.overflow);
-            w.push((keys::overflow(ino, name), None));
+            w.push((self.keyspace.overflow(ino, name), None));
         }
         self.load(st, ino)?;
         st.set_spill(ino, spill);
@@ -299,7 +302,13 @@ impl Fs {
         if overflow {
             let (start, end) = keys::ino_range(keys::P_OVERFLOW, ino);
             for (k, _) in self.store.scan(&start, &end, usize::MAX)? {
-                names.push(keys::key_name(&k).to_vec());
+                let name = self.keyspace.xattr_name(&k).map_err(|_| {
+                    CoreError::corrupt(
+                        &k,
+                        crate::format::FormatError::Malformed("name does not decrypt"),
+                    )
+                })?;
+                names.push(name);
             }
         }
         let show_trusted = names.iter().any(|n| n.starts_with(b"trusted."))

@@ -6,7 +6,7 @@
 //! format       u32 FORMAT_VERSION that wrote the volume
 //! uuid         16
 //! inline_bytes u32 inline SA budget chosen at format
-//! features     u64 feature bits (none defined yet; unknown bits refuse mount)
+//! features     u64 feature bits (FEATURE_*; unknown bits refuse mount)
 //! created_ns   i64 format time, ns since the epoch
 //! ```
 //! Counters payload: `next_ino:u64 inodes:u64`.
@@ -18,6 +18,10 @@ use super::keys;
 
 pub const MAGIC: &[u8; 8] = b"SAFSVOL\0";
 
+/// The volume is encrypted: names in keys, record values and file contents
+/// (see `core::crypto`); its key record `K` unlocks it.
+pub const FEATURE_ENCRYPTED: u64 = 1;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
     pub format_version: u32,
@@ -28,6 +32,10 @@ pub struct Superblock {
 }
 
 impl Superblock {
+    pub fn is_encrypted(&self) -> bool {
+        self.features & FEATURE_ENCRYPTED != 0
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let mut p = Vec::with_capacity(44);
         p.extend_from_slice(MAGIC);

@@ -25,6 +25,7 @@
 
 mod blocks;
 mod keyfile;
+mod keyspace;
 mod names;
 mod sealed;
 
@@ -36,6 +37,7 @@ use zeroize::Zeroizing;
 
 pub use blocks::{BLOCK, BLOCK_OVERHEAD, BlockCipher, plain_len, sealed_len};
 pub use keyfile::{KdfParams, KeyRecord, tune_kdf};
+pub use keyspace::Keyspace;
 pub use names::{NAME_OVERHEAD, NameCipher, NameOf};
 pub use sealed::SealedStore;
 
