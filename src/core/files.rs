@@ -7,7 +7,6 @@
 //! and after a crash the mount-time recovery does (see `Fs::recover`).
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -70,7 +69,7 @@ impl Fs {
         let file = self.data.open(ino)?;
         let mut w = Vec::new();
         if mode.truncate {
-            file.set_len(0)?;
+            self.data.set_len(&file, ino, 0)?;
             let now = Timestamp::now();
             inode.size = 0;
             inode.blocks = 0;
@@ -143,18 +142,7 @@ impl Fs {
 
     pub fn read(&self, fh: Fh, offset: u64, size: u32) -> Result<Vec<u8>> {
         let h = self.handle(fh)?;
-        let mut buf = vec![0u8; size as usize];
-        let mut done = 0;
-        while done < buf.len() {
-            match h.file.read_at(&mut buf[done..], offset + done as u64) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        buf.truncate(done);
-        Ok(buf)
+        Ok(self.data.read(&h.file, h.ino.0, offset, size)?)
     }
 
     pub fn write(&self, fh: Fh, offset: u64, data: &[u8]) -> Result<u32> {
@@ -164,7 +152,7 @@ impl Fs {
         }
         // Data only: no metadata to admit, but no writes while commits fail.
         self.store.healthy()?;
-        h.file.write_all_at(data, offset)?;
+        self.data.write(&h.file, h.ino.0, offset, data)?;
         Ok(data.len() as u32)
     }
 
@@ -219,9 +207,12 @@ impl Fs {
     pub fn fallocate(&self, ctx: &Ctx, fh: Fh, offset: u64, length: u64, mode: i32) -> Result<()> {
         let h = self.handle(fh)?;
         let _space = self.writable()?;
-        let flags = nix::fcntl::FallocateFlags::from_bits(mode).ok_or(CoreError::NotSupported)?;
-        nix::fcntl::fallocate(&*h.file, flags, offset as i64, length as i64)
-            .map_err(std::io::Error::from)?;
+        self.data
+            .fallocate(&h.file, h.ino.0, offset, length, mode)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::EOPNOTSUPP) => CoreError::NotSupported,
+                _ => e.into(),
+            })?;
         self.load_creds_for_set_ids(ctx, h.ino.0);
         let mut st = self.state.lock();
         let mut inode = self.inode(&mut st, h.ino.0)?;
@@ -239,14 +230,7 @@ impl Fs {
     /// `lseek` for `SEEK_DATA`/`SEEK_HOLE`, answered by the backing file.
     pub fn lseek(&self, fh: Fh, offset: i64, whence: i32) -> Result<i64> {
         let h = self.handle(fh)?;
-        let w = match whence {
-            libc::SEEK_DATA => nix::unistd::Whence::SeekData,
-            libc::SEEK_HOLE => nix::unistd::Whence::SeekHole,
-            libc::SEEK_SET => nix::unistd::Whence::SeekSet,
-            libc::SEEK_END => nix::unistd::Whence::SeekEnd,
-            _ => return Err(CoreError::Invalid),
-        };
-        Ok(nix::unistd::lseek(&*h.file, offset, w).map_err(std::io::Error::from)?)
+        Ok(self.data.lseek(&h.file, h.ino.0, offset, whence)?)
     }
 }
 

@@ -219,7 +219,7 @@ impl Fs {
         opts: Options,
     ) -> Result<Self> {
         let layout = Layout::new(dir);
-        let data = DataStore::new(&layout.data());
+        let data = DataStore::new(&layout.data(), opts.keys.clone());
         if sb.is_encrypted() != opts.keys.is_some() {
             return Err(CoreError::Keys(if sb.is_encrypted() {
                 "the volume is encrypted: it needs its keys"
@@ -660,7 +660,7 @@ impl Fs {
             None => self.data.stat(ino)?,
         };
         if let Some(meta) = meta {
-            apply_backing(inode, &meta);
+            apply_backing(inode, &meta, self.data.plain_size(meta.len()));
         }
         Ok(())
     }
@@ -685,10 +685,11 @@ fn dir_size(next_cookie: u64) -> u64 {
     4096 * (1 + entries / 128)
 }
 
-/// Size, blocks and (if newer) mtime/ctime from a backing file's metadata.
-fn apply_backing(inode: &mut Inode, meta: &std::fs::Metadata) {
+/// Size (`size`: the backing file's, converted on encrypted volumes),
+/// blocks and (if newer) mtime/ctime from a backing file's metadata.
+fn apply_backing(inode: &mut Inode, meta: &std::fs::Metadata, size: u64) {
     use std::os::unix::fs::MetadataExt;
-    inode.size = meta.size();
+    inode.size = size;
     inode.blocks = meta.blocks();
     let mtime = Timestamp {
         sec: meta.mtime(),
@@ -727,6 +728,12 @@ impl Fs {
             bytes,
             byte_budget,
         }
+    }
+
+    /// Whether file contents are sealed (an encrypted volume): they go
+    /// through the daemon, never passthrough.
+    pub fn contents_sealed(&self) -> bool {
+        self.data.is_sealed()
     }
 
     /// The volume's inline xattr budget, bytes.

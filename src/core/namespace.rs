@@ -248,7 +248,7 @@ impl Fs {
                 Some(f) => f,
                 None => std::sync::Arc::new(self.data.open(ino)?),
             };
-            file.set_len(size)?;
+            self.data.set_len(&file, ino, size)?;
             inode.size = size;
             self.reconcile(ino, &mut inode, Some(&file))?;
             inode.size = size;

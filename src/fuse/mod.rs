@@ -255,6 +255,14 @@ impl Filesystem for SafsFuse {
                 tracing::info!(?missing, "kernel does not offer capability");
             }
         }
+        if self.fs.contents_sealed() {
+            // The kernel would serve the sealed blocks as they are.
+            if self.data_path == DataPath::Passthrough {
+                tracing::error!("passthrough cannot serve an encrypted volume's contents");
+                return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+            }
+            self.data_path = DataPath::Daemon;
+        }
         if self.data_path != DataPath::Daemon {
             let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
                 && config.set_max_stack_depth(1).is_ok();

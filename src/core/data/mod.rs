@@ -1,0 +1,237 @@
+//! Backing files: the contents of regular files, one file per inode under
+//! `<volume>/data/xx/`, opened for kernel passthrough or daemon-side I/O.
+//!
+//! A regular file's backing file is created lazily on first open, so an
+//! empty file made by `mknod` or a rename target costs no data-store work;
+//! a missing backing file means "empty". The backing file is authoritative
+//! for size and blocks while a writer has the file open (writes may bypass
+//! the daemon entirely under passthrough); the inode record is brought up to
+//! date when the last writer closes, and after a crash from the `W` markers.
+//!
+//! Access times: the filesystem under the volume keeps each backing file's
+//! atime at the sentinel 0 until a read (by the kernel under passthrough, or
+//! by the daemon) moves it to the time of that read; the core turns that
+//! into the inode's atime under the mount's rules and sets the sentinel back
+//! (see `Fs::observe_reads`). Backing files are therefore opened without
+//! `O_NOATIME`, and the filesystem under the volume must not be mounted
+//! `noatime` for reads through passthrough to update access times.
+//!
+//! On encrypted volumes backing files hold sealed blocks (see `sealed`):
+//! every read and write goes through the daemon, and sizes are converted.
+
+mod sealed;
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use super::crypto::VolumeKeys;
+use sealed::Sealed;
+
+/// Stripes of per-inode locks for sealed contents (a partial block is
+/// read, changed and sealed again under its inode's lock).
+const STRIPES: usize = 64;
+
+pub struct DataStore {
+    root: PathBuf,
+    keys: Option<Arc<VolumeKeys>>,
+    stripes: Box<[RwLock<()>]>,
+}
+
+impl DataStore {
+    pub fn new(root: &Path, keys: Option<Arc<VolumeKeys>>) -> Self {
+        DataStore {
+            root: root.to_path_buf(),
+            stripes: (0..if keys.is_some() { STRIPES } else { 0 })
+                .map(|_| RwLock::new(()))
+                .collect(),
+            keys,
+        }
+    }
+
+    /// Whether contents are sealed (and so cannot be passed through).
+    pub fn is_sealed(&self) -> bool {
+        self.keys.is_some()
+    }
+
+    fn sealed<'a>(&'a self, file: &'a File, ino: u64) -> Option<(Sealed<'a>, &'a RwLock<()>)> {
+        let keys = self.keys.as_ref()?;
+        let lock = &self.stripes[(ino as usize) % STRIPES];
+        Some((
+            Sealed {
+                cipher: keys.blocks(),
+                file,
+                ino,
+            },
+            lock,
+        ))
+    }
+
+    /// The size of a file whose backing file is `len` bytes long.
+    pub fn plain_size(&self, len: u64) -> u64 {
+        if self.keys.is_some() {
+            sealed::plain_size(len)
+        } else {
+            len
+        }
+    }
+
+    /// Up to `len` bytes of `ino`'s contents at `offset` (short at the end).
+    pub fn read(&self, file: &File, ino: u64, offset: u64, len: u32) -> io::Result<Vec<u8>> {
+        if let Some((s, lock)) = self.sealed(file, ino) {
+            let _g = lock.read();
+            return s.read(offset, u64::from(len));
+        }
+        let mut buf = vec![0u8; len as usize];
+        let mut done = 0;
+        while done < buf.len() {
+            match file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        buf.truncate(done);
+        Ok(buf)
+    }
+
+    /// Writes `data` into `ino`'s contents at `offset`.
+    pub fn write(&self, file: &File, ino: u64, offset: u64, data: &[u8]) -> io::Result<()> {
+        if let Some((s, lock)) = self.sealed(file, ino) {
+            let _g = lock.write();
+            return s.write(offset, data);
+        }
+        file.write_all_at(data, offset)
+    }
+
+    /// Sets `ino`'s size.
+    pub fn set_len(&self, file: &File, ino: u64, size: u64) -> io::Result<()> {
+        if let Some((s, lock)) = self.sealed(file, ino) {
+            let _g = lock.write();
+            return s.set_len(size);
+        }
+        file.set_len(size)
+    }
+
+    /// `fallocate` of `ino`'s contents. Sealed contents take mode 0 and
+    /// keep-size (space reserved in the sealed layout), punch-hole and
+    /// zero-range; the rest would move blocks and is not supported.
+    pub fn fallocate(
+        &self,
+        file: &File,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        mode: i32,
+    ) -> io::Result<()> {
+        let Some((s, lock)) = self.sealed(file, ino) else {
+            let flags = nix::fcntl::FallocateFlags::from_bits(mode)
+                .ok_or_else(|| io::Error::from_raw_os_error(libc::EOPNOTSUPP))?;
+            return nix::fcntl::fallocate(file, flags, offset as i64, len as i64)
+                .map_err(io::Error::from);
+        };
+        let _g = lock.write();
+        let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let end = offset.saturating_add(len);
+        match mode & !libc::FALLOC_FL_KEEP_SIZE {
+            0 => s.reserve(offset, len)?,
+            libc::FALLOC_FL_PUNCH_HOLE if keep => s.zero(offset, len)?,
+            libc::FALLOC_FL_ZERO_RANGE => s.zero(offset, len)?,
+            _ => return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP)),
+        }
+        if !keep && end > s.len()? {
+            s.set_len(end)?;
+        }
+        Ok(())
+    }
+
+    /// `lseek`'s `SEEK_DATA`/`SEEK_HOLE` (and plain seeks). Sealed
+    /// contents are all data: holes are not told apart from zeros.
+    pub fn lseek(&self, file: &File, ino: u64, offset: i64, whence: i32) -> io::Result<i64> {
+        let w = match whence {
+            libc::SEEK_DATA => nix::unistd::Whence::SeekData,
+            libc::SEEK_HOLE => nix::unistd::Whence::SeekHole,
+            libc::SEEK_SET => nix::unistd::Whence::SeekSet,
+            libc::SEEK_END => nix::unistd::Whence::SeekEnd,
+            _ => return Err(io::Error::from_raw_os_error(libc::EINVAL)),
+        };
+        let Some((s, lock)) = self.sealed(file, ino) else {
+            return nix::unistd::lseek(file, offset, w).map_err(io::Error::from);
+        };
+        let size = {
+            let _g = lock.read();
+            s.len()? as i64
+        };
+        let at = if whence == libc::SEEK_END {
+            size + offset
+        } else {
+            offset
+        };
+        match whence {
+            _ if at < 0 => Err(io::Error::from_raw_os_error(libc::EINVAL)),
+            libc::SEEK_DATA | libc::SEEK_HOLE if at >= size => {
+                Err(io::Error::from_raw_os_error(libc::ENXIO))
+            }
+            libc::SEEK_HOLE => Ok(size),
+            _ => Ok(at),
+        }
+    }
+
+    pub fn path(&self, ino: u64) -> PathBuf {
+        self.root
+            .join(format!("{:02x}", ino & 0xff))
+            .join(format!("{ino:016x}"))
+    }
+
+    /// Opens (creating if missing) the backing file of `ino` read-write.
+    pub fn open(&self, ino: u64) -> io::Result<File> {
+        match self.open_with(ino, false) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => match self.create(ino) {
+                // Created meanwhile by another open of the same inode.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => self.open_with(ino, false),
+                other => other,
+            },
+            other => other,
+        }
+    }
+
+    /// Creates the backing file of a new inode `ino` (it must not exist),
+    /// its atime at the sentinel.
+    pub fn create(&self, ino: u64) -> io::Result<File> {
+        let f = self.open_with(ino, true)?;
+        arm_atime(&f)?;
+        Ok(f)
+    }
+
+    fn open_with(&self, ino: u64, create: bool) -> io::Result<File> {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(create)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(self.path(ino))
+    }
+
+    /// Size and 512-byte blocks of the backing file; a missing one is empty.
+    pub fn stat(&self, ino: u64) -> io::Result<Option<std::fs::Metadata>> {
+        match std::fs::metadata(self.path(ino)) {
+            Ok(m) => Ok(Some(m)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Sets a backing file's atime to the sentinel 0 (mtime untouched): the
+/// next read moves it (see the module comment).
+pub fn arm_atime(f: &File) -> io::Result<()> {
+    let zero = nix::sys::time::TimeSpec::new(0, 0);
+    nix::sys::stat::futimens(f, &zero, &nix::sys::time::TimeSpec::UTIME_OMIT)
+        .map_err(io::Error::from)
+}

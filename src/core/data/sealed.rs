@@ -1,0 +1,356 @@
+//! Contents of encrypted volumes: a backing file of sealed 4 KiB blocks
+//! (see `crypto::blocks`), read and written through the daemon.
+//!
+//! Block `i` sits at `i × UNIT` (`UNIT` = block + nonce + tag); the last
+//! block may be short, and the backing file's length gives the plaintext
+//! size. A slot of zeros is a hole and reads as zeros, so extending a file
+//! (truncate up, a write past the end, fallocate) writes nothing but the
+//! old last block padded to full length: the length and the holes follow.
+//!
+//! Every operation runs under its inode's stripe lock (shared for reads):
+//! a partial block is read, changed and sealed again, and a sealed block
+//! straddles pages, so neither a concurrent writer nor a reader may see
+//! half of one.
+//!
+//! Crash behaviour: a block rewritten in place can be torn by a crash and
+//! then reads as EIO (as with gocryptfs); the size is never torn into
+//! garbage — a length that no file of blocks has is read as the largest
+//! whole-block size below it. Order of writes: a partial last block is
+//! padded before anything is written after it, and a truncate cuts the
+//! backing file before it appends the shortened block.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+use crate::core::crypto::{BLOCK, BLOCK_OVERHEAD, BlockCipher, plain_len, sealed_len};
+
+const B: u64 = BLOCK as u64;
+/// On-disk bytes of one full block.
+const UNIT: u64 = (BLOCK + BLOCK_OVERHEAD) as u64;
+
+/// The plaintext size of a backing file of `len` bytes; a torn length (a
+/// crash inside an extension) counts only its whole blocks.
+pub fn plain_size(len: u64) -> u64 {
+    plain_len(len).unwrap_or(len / UNIT * B)
+}
+
+pub struct Sealed<'a> {
+    pub cipher: &'a BlockCipher,
+    pub file: &'a File,
+    pub ino: u64,
+}
+
+impl Sealed<'_> {
+    fn size(&self) -> io::Result<u64> {
+        Ok(plain_size(self.file.metadata()?.len()))
+    }
+
+    fn tampered(&self, index: u64) -> io::Error {
+        tracing::error!(
+            ino = self.ino,
+            block = index,
+            "a content block failed authentication (changed, moved or torn); the read gets EIO"
+        );
+        io::Error::from_raw_os_error(libc::EIO)
+    }
+
+    /// Plaintext of block `index` of a file of `size` bytes (empty past the end).
+    fn read_block(&self, index: u64, size: u64) -> io::Result<Vec<u8>> {
+        let start = index * B;
+        if start >= size {
+            return Ok(Vec::new());
+        }
+        let len = (size - start).min(B) as usize + BLOCK_OVERHEAD;
+        let mut buf = vec![0u8; len];
+        read_exact_at(self.file, &mut buf, index * UNIT)?;
+        self.cipher
+            .open(self.ino, index, &buf)
+            .map_err(|_| self.tampered(index))
+    }
+
+    fn seal(&self, index: u64, plain: &[u8]) -> io::Result<Vec<u8>> {
+        self.cipher
+            .seal(self.ino, index, plain)
+            .map_err(|e| io::Error::other(e.to_string()))
+    }
+
+    /// Pads a partial last block of a file of `size` bytes to `to` bytes
+    /// (at most a block), so that data can follow it.
+    fn pad_last(&self, size: u64, to: u64) -> io::Result<()> {
+        let index = size / B;
+        if size % B == 0 || to <= size {
+            return Ok(());
+        }
+        let mut plain = self.read_block(index, size)?;
+        plain.resize((to - index * B).min(B) as usize, 0);
+        let sealed = self.seal(index, &plain)?;
+        self.file.write_all_at(&sealed, index * UNIT)
+    }
+
+    /// Up to `len` bytes at `offset`; short at the end of the file.
+    pub fn read(&self, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+        let size = self.size()?;
+        let end = offset.saturating_add(len).min(size);
+        if offset >= end {
+            return Ok(Vec::new());
+        }
+        let (first, last) = (offset / B, (end - 1) / B);
+        let disk_end = sealed_len(size).min((last + 1) * UNIT);
+        let mut raw = vec![0u8; (disk_end - first * UNIT) as usize];
+        read_exact_at(self.file, &mut raw, first * UNIT)?;
+        let mut out = Vec::with_capacity((end - offset) as usize);
+        for (i, sealed) in raw.chunks(UNIT as usize).enumerate() {
+            let index = first + i as u64;
+            let plain = self
+                .cipher
+                .open(self.ino, index, sealed)
+                .map_err(|_| self.tampered(index))?;
+            let base = index * B;
+            let from = offset.saturating_sub(base) as usize;
+            let to = ((end - base) as usize).min(plain.len());
+            out.extend_from_slice(&plain[from..to]);
+        }
+        Ok(out)
+    }
+
+    /// Writes `data` at `offset`, extending the file if it goes past the end.
+    pub fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let size = self.size()?;
+        let end = offset + data.len() as u64;
+        let new_size = size.max(end);
+        let (first, last) = (offset / B, (end - 1) / B);
+        if size / B < first {
+            self.pad_last(size, new_size)?;
+        }
+        let mut out = Vec::with_capacity(((last - first + 1) * UNIT) as usize);
+        for index in first..=last {
+            let base = index * B;
+            let block_len = (new_size - base).min(B) as usize;
+            let (from, to) = (
+                offset.max(base) - base,
+                end.min(base + block_len as u64) - base,
+            );
+            let src = &data[(base + from - offset) as usize..(base + to - offset) as usize];
+            let sealed = if from == 0 && to as usize == block_len {
+                self.seal(index, src)?
+            } else {
+                let mut plain = self.read_block(index, size)?;
+                plain.resize(block_len, 0);
+                plain[from as usize..to as usize].copy_from_slice(src);
+                self.seal(index, &plain)?
+            };
+            out.extend_from_slice(&sealed);
+        }
+        self.file.write_all_at(&out, first * UNIT)
+    }
+
+    /// Sets the plaintext size to `new`.
+    pub fn set_len(&self, new: u64) -> io::Result<()> {
+        let size = self.size()?;
+        if new > size {
+            self.pad_last(size, new)?;
+            return self.file.set_len(sealed_len(new));
+        }
+        let index = new / B;
+        if new % B == 0 || new == size {
+            return self.file.set_len(sealed_len(new));
+        }
+        // Cut inside a block: drop it, then append it shortened (never a
+        // torn block in place, at worst a shorter file after a crash).
+        let mut plain = self.read_block(index, size)?;
+        plain.truncate((new - index * B) as usize);
+        let sealed = self.seal(index, &plain)?;
+        self.file.set_len(index * UNIT)?;
+        self.file.write_all_at(&sealed, index * UNIT)
+    }
+
+    /// Zeros `[offset, offset + len)` within the file (not past its end):
+    /// whole blocks are punched out of the backing file (a slot of zeros is
+    /// a hole), partial ones rewritten.
+    pub fn zero(&self, offset: u64, len: u64) -> io::Result<()> {
+        let size = self.size()?;
+        let end = offset.saturating_add(len).min(size);
+        if offset >= end {
+            return Ok(());
+        }
+        let (first, last) = (offset / B, (end - 1) / B);
+        let mut whole = Vec::new();
+        for index in first..=last {
+            let base = index * B;
+            let block_len = (size - base).min(B);
+            let (from, to) = (offset.max(base) - base, end.min(base + block_len) - base);
+            if from == 0 && to == block_len {
+                whole.push(index);
+                continue;
+            }
+            let mut plain = self.read_block(index, size)?;
+            plain[from as usize..to as usize].fill(0);
+            let sealed = self.seal(index, &plain)?;
+            self.file.write_all_at(&sealed, index * UNIT)?;
+        }
+        if let (Some(&a), Some(&b)) = (whole.first(), whole.last()) {
+            let start = a * UNIT;
+            let stop = sealed_len(size).min((b + 1) * UNIT);
+            punch(self.file, start, stop - start)?;
+        }
+        Ok(())
+    }
+
+    /// Allocates backing space for `[offset, offset + len)` (in the sealed
+    /// layout) so that later writes there do not fail for space.
+    pub fn reserve(&self, offset: u64, len: u64) -> io::Result<()> {
+        let end = offset.saturating_add(len);
+        if end == offset {
+            return Ok(());
+        }
+        let start = offset / B * UNIT;
+        let stop = end.div_ceil(B) * UNIT;
+        nix::fcntl::fallocate(
+            self.file,
+            nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+            start as i64,
+            (stop - start) as i64,
+        )
+        .map_err(io::Error::from)
+    }
+
+    /// The plaintext size (for `lseek` and recovery).
+    pub fn len(&self) -> io::Result<u64> {
+        self.size()
+    }
+}
+
+fn punch(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    use nix::fcntl::FallocateFlags as F;
+    match nix::fcntl::fallocate(
+        file,
+        F::FALLOC_FL_PUNCH_HOLE | F::FALLOC_FL_KEEP_SIZE,
+        offset as i64,
+        len as i64,
+    ) {
+        Ok(()) => Ok(()),
+        // A filesystem without hole punching: write the zeros.
+        Err(nix::errno::Errno::EOPNOTSUPP) => {
+            let zeros = vec![0u8; (len as usize).min(1 << 20)];
+            let mut at = offset;
+            while at < offset + len {
+                let n = (offset + len - at).min(zeros.len() as u64) as usize;
+                file.write_all_at(&zeros[..n], at)?;
+                at += n as u64;
+            }
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            // Shorter than its length says: changed under us or torn.
+            Ok(0) => return Err(io::Error::from_raw_os_error(libc::EIO)),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use zeroize::Zeroizing;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Write(u64, Vec<u8>),
+        SetLen(u64),
+        Zero(u64, u64),
+        Read(u64, u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let off = 0u64..40_000;
+        prop_oneof![
+            (off.clone(), prop::collection::vec(any::<u8>(), 1..9000))
+                .prop_map(|(o, d)| Op::Write(o, d)),
+            off.clone().prop_map(Op::SetLen),
+            (off.clone(), 0u64..10_000).prop_map(|(o, l)| Op::Zero(o, l)),
+            (off, 0u64..20_000).prop_map(|(o, l)| Op::Read(o, l)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Every operation agrees with a plain byte vector.
+        #[test]
+        fn sealed_file_behaves_like_bytes(ops in prop::collection::vec(op(), 1..40)) {
+            let cipher = BlockCipher::new(&Zeroizing::new([3u8; 32]));
+            let file = tempfile::tempfile().unwrap();
+            let s = Sealed { cipher: &cipher, file: &file, ino: 77 };
+            let mut model: Vec<u8> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Write(o, d) => {
+                        s.write(o, &d).unwrap();
+                        let end = o as usize + d.len();
+                        if model.len() < end { model.resize(end, 0); }
+                        model[o as usize..end].copy_from_slice(&d);
+                    }
+                    Op::SetLen(n) => { s.set_len(n).unwrap(); model.resize(n as usize, 0); }
+                    Op::Zero(o, l) => {
+                        s.zero(o, l).unwrap();
+                        let end = ((o + l) as usize).min(model.len());
+                        if (o as usize) < end { model[o as usize..end].fill(0); }
+                    }
+                    Op::Read(o, l) => {
+                        let got = s.read(o, l).unwrap();
+                        let end = ((o + l) as usize).min(model.len());
+                        let want = if (o as usize) < end { &model[o as usize..end] } else { &[][..] };
+                        prop_assert_eq!(got, want);
+                    }
+                }
+                prop_assert_eq!(s.len().unwrap(), model.len() as u64);
+                prop_assert_eq!(file.metadata().unwrap().len(), sealed_len(model.len() as u64));
+            }
+            prop_assert_eq!(s.read(0, u64::MAX / 2).unwrap(), model);
+        }
+    }
+
+    #[test]
+    fn a_changed_block_reads_as_eio_and_only_that_block() {
+        let cipher = BlockCipher::new(&Zeroizing::new([3u8; 32]));
+        let file = tempfile::tempfile().unwrap();
+        let s = Sealed {
+            cipher: &cipher,
+            file: &file,
+            ino: 5,
+        };
+        s.write(0, &vec![7u8; 3 * BLOCK]).unwrap();
+        file.write_all_at(&[0xff], UNIT + 40).unwrap();
+        assert_eq!(s.read(0, B).unwrap(), vec![7u8; BLOCK]);
+        assert_eq!(s.read(2 * B, B).unwrap(), vec![7u8; BLOCK]);
+        let e = s.read(B + 10, 10).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO));
+        // Another file's blocks do not open under this inode.
+        let other = Sealed {
+            cipher: &cipher,
+            file: &file,
+            ino: 6,
+        };
+        assert_eq!(
+            other.read(0, 10).unwrap_err().raw_os_error(),
+            Some(libc::EIO)
+        );
+        // A torn length keeps its whole blocks.
+        file.set_len(2 * UNIT + 5).unwrap();
+        assert_eq!(s.len().unwrap(), 2 * B);
+    }
+}
