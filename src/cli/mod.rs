@@ -6,6 +6,7 @@ mod fsck;
 mod info;
 mod man;
 mod mount;
+mod passphrase;
 
 use std::path::{Path, PathBuf};
 
