@@ -72,6 +72,9 @@ fn handle(conn: UnixStream, fs: &Fs, stats: &Stats) -> std::io::Result<()> {
                     rss_anon_kib: status_kib(&status, "RssAnon"),
                     cache_bytes: cache.bytes as u64,
                     cache_budget_bytes: cache.byte_budget as u64,
+                    dircache_dirs: cache.dirs as u64,
+                    dircache_bytes: cache.dir_bytes as u64,
+                    dircache_budget_bytes: cache.dir_budget as u64,
                     engine: {
                         let e = fs.engine_counters();
                         safs_control::EngineCounters {

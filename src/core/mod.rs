@@ -15,6 +15,7 @@ mod acl;
 pub mod creds;
 pub mod crypto;
 mod data;
+mod dircache;
 pub mod error;
 mod files;
 pub mod ids;
@@ -126,6 +127,9 @@ pub struct Options {
     pub read_only: bool,
     /// The keys of an encrypted volume (see `crypto`); `None` for a plain one.
     pub keys: Option<Arc<crypto::VolumeKeys>>,
+    /// The directory cache (see `dircache`): `None` turns it on for
+    /// encrypted volumes only.
+    pub dircache: Option<bool>,
 }
 
 impl Default for Options {
@@ -139,6 +143,7 @@ impl Default for Options {
             cache_bytes: 256 << 20,
             read_only: false,
             keys: None,
+            dircache: None,
         }
     }
 }
@@ -189,6 +194,10 @@ pub struct CacheFigures {
     pub inode_capacity: usize,
     pub bytes: usize,
     pub byte_budget: usize,
+    /// The directory cache: directories held, bytes, budget (0: off).
+    pub dirs: usize,
+    pub dir_bytes: usize,
+    pub dir_budget: usize,
 }
 
 pub struct Fs {
@@ -256,7 +265,15 @@ impl Fs {
         });
         let store = Store::new(engine, opts.commit_interval, hold);
         let atime = opts.atime;
-        let state = State::new(opts.inode_cache, opts.cache_bytes, counters);
+        // The directory cache: on by default where it saves the most (names
+        // to encrypt, records to open), a share of the cache budget.
+        let dircache = opts.dircache.unwrap_or(sb.is_encrypted());
+        let state = State::new(
+            opts.inode_cache,
+            opts.cache_bytes,
+            counters,
+            if dircache { opts.cache_bytes / 2 } else { 0 },
+        );
         let fs = Fs {
             layout,
             budget: sb.inline_bytes as usize,
@@ -721,12 +738,17 @@ mod tests;
 impl Fs {
     /// What the inode cache holds, and its bounds.
     pub fn cache_figures(&self) -> CacheFigures {
-        let (inodes, inode_capacity, bytes, byte_budget) = self.state.lock().cache_figures();
+        let st = self.state.lock();
+        let (inodes, inode_capacity, bytes, byte_budget) = st.cache_figures();
+        let (dirs, dir_bytes, dir_budget) = st.dir_figures();
         CacheFigures {
             inodes,
             inode_capacity,
             bytes,
             byte_budget,
+            dirs,
+            dir_bytes,
+            dir_budget,
         }
     }
 

@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 
+use super::dircache::{Found, Listed};
 use super::ids::{Cookie, Ino};
 use super::tiers;
 use super::{Attr, CoreError, Ctx, FIRST_COOKIE, Fs, Result, State, acl, check_name};
@@ -61,6 +62,13 @@ struct Work {
     inodes: HashMap<u64, Inode>,
     dirty: Vec<u64>,
     writes: Vec<Write>,
+    /// The entries changed, for the directory cache once applied.
+    entries: Vec<EntryChange>,
+}
+
+enum EntryChange {
+    Put(u64, Vec<u8>, Dirent),
+    Remove(u64, Vec<u8>, u64),
 }
 
 impl Work {
@@ -69,6 +77,7 @@ impl Work {
             inodes: HashMap::new(),
             dirty: Vec::new(),
             writes: Vec::new(),
+            entries: Vec::new(),
         }
     }
 }
@@ -91,18 +100,35 @@ impl Fs {
         }
         // Only directory changes finish here: `dirsync` makes them durable.
         let seq = self.store.apply(work.writes);
+        // The store shows the change from now on; so does the cache.
+        let dirs = st.dirs();
+        for c in work.entries {
+            match c {
+                EntryChange::Put(dir, name, d) => dirs.put(dir, &name, &d),
+                EntryChange::Remove(dir, name, cookie) => dirs.remove(dir, &name, cookie),
+            }
+        }
         if self.opts.sync || self.opts.dirsync {
             self.store.wait_durable(seq)?;
         }
         Ok(())
     }
 
-    fn dirent(&self, parent: u64, name: &[u8]) -> Result<Option<Dirent>> {
+    /// Entry `name` of `parent`: from the directory cache, else from the
+    /// engine (and then cached).
+    fn dirent(&self, st: &mut State, parent: u64, name: &[u8]) -> Result<Option<Dirent>> {
+        match st.dirs().lookup(parent, name) {
+            Found::Entry(d) => return Ok(Some(d)),
+            Found::Absent => return Ok(None),
+            Found::Unknown => {}
+        }
         let key = self.keyspace.dirent(parent, name);
         match self.store.get(&key)? {
-            Some(rec) => Ok(Some(
-                Dirent::decode(&key, &rec).map_err(|e| CoreError::corrupt(&key, e))?,
-            )),
+            Some(rec) => {
+                let d = Dirent::decode(&key, &rec).map_err(|e| CoreError::corrupt(&key, e))?;
+                st.dirs().learn(parent, name, &d);
+                Ok(Some(d))
+            }
             None => Ok(None),
         }
     }
@@ -137,6 +163,8 @@ impl Fs {
         let dk = self.keyspace.dirent(parent_ino, name);
         let d = Dirent { ino, kind, cookie };
         work.writes.push((dk.clone(), Some(d.encode(&dk))));
+        work.entries
+            .push(EntryChange::Put(parent_ino, name.to_vec(), d));
         let ck = keys::dir_index(parent_ino, cookie);
         let e = IndexEntry {
             ino,
@@ -151,9 +179,14 @@ impl Fs {
             .push((self.keyspace.dirent(parent_ino, name), None));
         work.writes
             .push((keys::dir_index(parent_ino, d.cookie).to_vec(), None));
+        work.entries
+            .push(EntryChange::Remove(parent_ino, name.to_vec(), d.cookie));
     }
 
-    fn dir_is_empty(&self, ino: u64) -> Result<bool> {
+    fn dir_is_empty(&self, st: &mut State, ino: u64) -> Result<bool> {
+        if let Some(empty) = st.dirs().is_empty(ino) {
+            return Ok(empty);
+        }
         let (start, end) = keys::ino_range(keys::P_DIRINDEX, ino);
         Ok(self.store.scan(&start, &end, 1)?.is_empty())
     }
@@ -195,7 +228,11 @@ impl Fs {
         let ino = match name {
             b"." => parent,
             b".." => p.parent,
-            _ => self.dirent(parent, name)?.ok_or(CoreError::NotFound)?.ino,
+            _ => {
+                self.dirent(&mut st, parent, name)?
+                    .ok_or(CoreError::NotFound)?
+                    .ino
+            }
         };
         let attr = self.attr_locked(&mut st, ino)?;
         st.add_lookup(ino);
@@ -380,7 +417,7 @@ impl Fs {
         if p.nlink == 0 {
             return Err(CoreError::NotFound);
         }
-        if self.dirent(parent, name)?.is_some() {
+        if self.dirent(&mut st, parent, name)?.is_some() {
             return Err(CoreError::Exists);
         }
         let ftype = mode & S_IFMT;
@@ -520,7 +557,7 @@ impl Fs {
         if p.nlink == 0 {
             return Err(CoreError::NotFound);
         }
-        if self.dirent(newparent, newname)?.is_some() {
+        if self.dirent(&mut st, newparent, newname)?.is_some() {
             return Err(CoreError::Exists);
         }
         let now = Timestamp::now();
@@ -565,14 +602,16 @@ impl Fs {
         if !self.w_get(&mut st, &mut work, parent)?.is_dir() {
             return Err(CoreError::NotDir);
         }
-        let d = self.dirent(parent, name)?.ok_or(CoreError::NotFound)?;
+        let d = self
+            .dirent(&mut st, parent, name)?
+            .ok_or(CoreError::NotFound)?;
         let child_is_dir = u32::from(d.kind) << 12 == S_IFDIR;
         match (dir, child_is_dir) {
             (true, false) => return Err(CoreError::NotDir),
             (false, true) => return Err(CoreError::IsDir),
             _ => {}
         }
-        if dir && !self.dir_is_empty(d.ino)? {
+        if dir && !self.dir_is_empty(&mut st, d.ino)? {
             return Err(CoreError::NotEmpty);
         }
         let now = Timestamp::now();
@@ -585,6 +624,9 @@ impl Fs {
         p.ctime = now;
         self.drop_link(&mut st, &mut work, d.ino, now)?;
         self.w_finish(&mut st, work)?;
+        if dir {
+            st.dirs().forget(d.ino);
+        }
         self.maybe_free(&mut st, d.ino)
     }
 
@@ -613,8 +655,10 @@ impl Fs {
                 return Err(CoreError::NotDir);
             }
         }
-        let src = self.dirent(parent, name)?.ok_or(CoreError::NotFound)?;
-        let dst = self.dirent(newparent, newname)?;
+        let src = self
+            .dirent(&mut st, parent, name)?
+            .ok_or(CoreError::NotFound)?;
+        let dst = self.dirent(&mut st, newparent, newname)?;
         let is_dir = |k: u8| u32::from(k) << 12 == S_IFDIR;
         let now = Timestamp::now();
         if flags.exchange {
@@ -651,7 +695,7 @@ impl Fs {
                 match (is_dir(src.kind), is_dir(dst.kind)) {
                     (true, false) => return Err(CoreError::NotDir),
                     (false, true) => return Err(CoreError::IsDir),
-                    (true, true) if !self.dir_is_empty(dst.ino)? => {
+                    (true, true) if !self.dir_is_empty(&mut st, dst.ino)? => {
                         return Err(CoreError::NotEmpty);
                     }
                     _ => {}
@@ -695,6 +739,9 @@ impl Fs {
         self.w_finish(&mut st, work)?;
         if let Some(dst) = dst {
             if !flags.exchange {
+                if is_dir(dst.kind) {
+                    st.dirs().forget(dst.ino);
+                }
                 self.maybe_free(&mut st, dst.ino)?;
             }
         }
@@ -749,10 +796,8 @@ impl Fs {
     /// "." and ".." first.
     pub fn readdir(&self, ino: Ino, offset: Cookie, limit: usize) -> Result<Vec<DirEntry>> {
         let (ino, offset) = (ino.0, offset.0);
-        let dir = {
-            let mut st = self.state.lock();
-            self.inode(&mut st, ino)?
-        };
+        let mut st = self.state.lock();
+        let dir = self.inode(&mut st, ino)?;
         if !dir.is_dir() {
             return Err(CoreError::NotDir);
         }
@@ -774,19 +819,39 @@ impl Fs {
                 name: b"..".to_vec(),
             });
         }
-        let start = keys::dir_index(ino, offset.max(2) + 1);
-        let (_, end) = keys::ino_range(keys::P_DIRINDEX, ino);
+        let after = offset.max(2);
         let want = limit.saturating_sub(out.len());
-        for (k, v) in self.store.scan(&start, &end, want)? {
-            let e = IndexEntry::decode(&k, &v).map_err(|e| CoreError::corrupt(&k, e))?;
-            let cookie = keys::key_cookie(&k).unwrap_or(0);
-            out.push(DirEntry {
-                cookie: Cookie(cookie),
-                ino: Ino(e.ino),
-                kind: e.kind,
-                name: e.name,
-            });
+        if want == 0 {
+            return Ok(out);
         }
+        let entry = |(cookie, ino, kind, name): &Listed| DirEntry {
+            cookie: Cookie(*cookie),
+            ino: Ino(*ino),
+            kind: *kind,
+            name: name.to_vec(),
+        };
+        if let Some(cached) = st.dirs().list(ino, after, want) {
+            out.extend(cached.iter().map(entry));
+            return Ok(out);
+        }
+        let generation = st.dirs().begin_fill(ino, offset);
+        // The scan runs without the state lock; the generation says
+        // whether what it read may still fill the cache.
+        drop(st);
+        let start = keys::dir_index(ino, after + 1);
+        let (_, end) = keys::ino_range(keys::P_DIRINDEX, ino);
+        let page = self.store.scan(&start, &end, want)?;
+        let mut listed = Vec::with_capacity(page.len());
+        for (k, v) in &page {
+            let e = IndexEntry::decode(k, v).map_err(|e| CoreError::corrupt(k, e))?;
+            let cookie = keys::key_cookie(k).unwrap_or(0);
+            listed.push((cookie, e.ino, e.kind, std::sync::Arc::from(e.name)));
+        }
+        if let Some(generation) = generation {
+            let mut st = self.state.lock();
+            st.dirs().fill(ino, generation, &listed, page.len() < want);
+        }
+        out.extend(listed.iter().map(entry));
         Ok(out)
     }
 

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use lru::LruCache;
 
+use super::dircache::DirCache;
 use crate::format::inode::Inode;
 use crate::format::superblock::Counters;
 use crate::format::xattrs::XattrSet;
@@ -71,10 +72,18 @@ pub(super) struct State {
     open: HashMap<u64, OpenInode>,
     /// Impossible counts met so far (see the module comment).
     broken: u64,
+    /// Directory views (see `dircache`), changed with the entries under
+    /// this same lock.
+    dirs: DirCache,
 }
 
 impl State {
-    pub fn new(capacity: usize, cache_budget: usize, counters: Counters) -> Self {
+    pub fn new(
+        capacity: usize,
+        cache_budget: usize,
+        counters: Counters,
+        dircache_budget: usize,
+    ) -> Self {
         State {
             cache: LruCache::new(NonZeroUsize::new(capacity.max(16)).expect("non-zero")),
             cache_bytes: 0,
@@ -83,7 +92,18 @@ impl State {
             lookups: HashMap::new(),
             open: HashMap::new(),
             broken: 0,
+            dirs: DirCache::new(dircache_budget),
         }
+    }
+
+    /// The directory cache.
+    pub fn dirs(&mut self) -> &mut DirCache {
+        &mut self.dirs
+    }
+
+    /// (directories, bytes, budget) of the directory cache.
+    pub fn dir_figures(&self) -> (usize, usize, usize) {
+        self.dirs.figures()
     }
 
     /// `have - take`, or 0 and a loud report if `take` is more than there
@@ -181,6 +201,7 @@ impl State {
     pub fn cache_clear(&mut self) {
         self.cache.clear();
         self.cache_bytes = 0;
+        self.dirs.clear();
     }
 
     /// (inodes, capacity, bytes, byte budget).

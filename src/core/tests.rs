@@ -679,3 +679,144 @@ fn written_bytes(path: &std::path::Path) -> Vec<u8> {
     }
     out
 }
+
+/// The directory cache changes no answer: random namespace operations on
+/// two volumes, one with the cache and one without, listed in small pages
+/// (partial fills) and looked up by name (absent ones too), agree.
+#[test]
+fn dircache_agrees_with_the_engine() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Create(u8, u8),
+        Mkdir(u8, u8),
+        Unlink(u8, u8),
+        Rmdir(u8, u8),
+        Rename(u8, u8, u8, u8, bool),
+        Lookup(u8, u8),
+        List(u8, u8),
+    }
+    let op = prop_oneof![
+        (0u8..3, 0u8..12).prop_map(|(d, n)| Op::Create(d, n)),
+        (0u8..3, 0u8..12).prop_map(|(d, n)| Op::Mkdir(d, n)),
+        (0u8..3, 0u8..12).prop_map(|(d, n)| Op::Unlink(d, n)),
+        (0u8..3, 0u8..12).prop_map(|(d, n)| Op::Rmdir(d, n)),
+        (0u8..3, 0u8..12, 0u8..3, 0u8..12, any::<bool>())
+            .prop_map(|(a, b, c, d, x)| Op::Rename(a, b, c, d, x)),
+        (0u8..3, 0u8..12).prop_map(|(d, n)| Op::Lookup(d, n)),
+        (0u8..3, 1u8..6).prop_map(|(d, p)| Op::List(d, p)),
+    ];
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        ..Config::default()
+    });
+    runner
+        .run(&prop::collection::vec(op, 1..120), |ops| {
+            let vols: Vec<T> = [true, false]
+                .into_iter()
+                .map(|on| {
+                    let mut t = setup(64);
+                    let opts = Options {
+                        commit_interval: Duration::from_millis(1),
+                        dircache: Some(on),
+                        ..Options::default()
+                    };
+                    let sb = t.fs.sb.clone();
+                    t.fs.close().unwrap();
+                    t.fs = Fs::mount(t._dir.path(), t.engine.clone(), sb, opts).unwrap();
+                    t
+                })
+                .collect();
+            let ctx = Ctx::root();
+            // Three directories: the root and two made first.
+            let mut dirs = Vec::new();
+            for t in &vols {
+                let a =
+                    t.fs.make_node(&ctx, Ino::ROOT, b"A", libc::S_IFDIR | 0o755, 0, 0, None)
+                        .unwrap()
+                        .ino;
+                let b =
+                    t.fs.make_node(&ctx, Ino::ROOT, b"B", libc::S_IFDIR | 0o755, 0, 0, None)
+                        .unwrap()
+                        .ino;
+                dirs.push([Ino::ROOT, a, b]);
+            }
+            let name = |n: u8| format!("n{n}").into_bytes();
+            for op in ops {
+                let mut seen: Vec<String> = Vec::new();
+                for (t, d) in vols.iter().zip(&dirs) {
+                    let fs = &t.fs;
+                    let r = match &op {
+                        Op::Create(p, n) => fs
+                            .make_node(
+                                &ctx,
+                                d[*p as usize],
+                                &name(*n),
+                                libc::S_IFREG | 0o644,
+                                0,
+                                0,
+                                None,
+                            )
+                            .map(|_| String::new()),
+                        Op::Mkdir(p, n) => fs
+                            .make_node(
+                                &ctx,
+                                d[*p as usize],
+                                &name(*n),
+                                libc::S_IFDIR | 0o755,
+                                0,
+                                0,
+                                None,
+                            )
+                            .map(|_| String::new()),
+                        Op::Unlink(p, n) => {
+                            fs.unlink(d[*p as usize], &name(*n)).map(|_| String::new())
+                        }
+                        Op::Rmdir(p, n) => {
+                            fs.rmdir(d[*p as usize], &name(*n)).map(|_| String::new())
+                        }
+                        Op::Rename(a, b, c, e, x) => fs
+                            .rename(
+                                &ctx,
+                                d[*a as usize],
+                                &name(*b),
+                                d[*c as usize],
+                                &name(*e),
+                                RenameFlags {
+                                    exchange: *x,
+                                    ..RenameFlags::default()
+                                },
+                            )
+                            .map(|_| String::new()),
+                        Op::Lookup(p, n) => fs
+                            .lookup(d[*p as usize], &name(*n))
+                            .map(|a| format!("{:o}", a.mode)),
+                        Op::List(p, page) => {
+                            let mut all = Vec::new();
+                            let mut at = Cookie(0);
+                            loop {
+                                let got = fs.readdir(d[*p as usize], at, *page as usize).unwrap();
+                                let Some(last) = got.last() else { break };
+                                at = last.cookie;
+                                all.extend(got.into_iter().map(|e| {
+                                    format!("{}:{}", e.cookie.0, String::from_utf8_lossy(&e.name))
+                                }));
+                            }
+                            Ok(all.join(","))
+                        }
+                    };
+                    seen.push(match r {
+                        Ok(s) => s,
+                        Err(e) => format!("errno {}", e.errno()),
+                    });
+                }
+                prop_assert_eq!(&seen[0], &seen[1], "{:?}", op);
+            }
+            prop_assert!(vols[0].fs.cache_figures().dirs > 0, "the cache was used");
+            prop_assert_eq!(vols[1].fs.cache_figures().dir_budget, 0);
+            Ok(())
+        })
+        .unwrap();
+}

@@ -92,6 +92,14 @@ pub struct StatsReply {
     pub cache_bytes: u64,
     #[serde(default)]
     pub cache_budget_bytes: u64,
+    /// The directory cache: directories it holds, bytes, and the most it
+    /// may hold (0: turned off).
+    #[serde(default)]
+    pub dircache_dirs: u64,
+    #[serde(default)]
+    pub dircache_bytes: u64,
+    #[serde(default)]
+    pub dircache_budget_bytes: u64,
     /// Metadata engine reads and commits since the mount.
     #[serde(default)]
     pub engine: EngineCounters,
