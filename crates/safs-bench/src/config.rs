@@ -37,7 +37,7 @@ impl fmt::Display for Scale {
     }
 }
 
-/// The seven tables of docs/benchmarks.md.
+/// The tables of docs/benchmarks.md.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub enum Test {
     T1,
@@ -47,10 +47,12 @@ pub enum Test {
     T5,
     T6,
     T7,
+    T8,
+    T9,
 }
 
 impl Test {
-    pub const ALL: [Test; 7] = [
+    pub const ALL: [Test; 9] = [
         Test::T1,
         Test::T2,
         Test::T3,
@@ -58,6 +60,8 @@ impl Test {
         Test::T5,
         Test::T6,
         Test::T7,
+        Test::T8,
+        Test::T9,
     ];
 
     /// One line saying what the table measures.
@@ -76,6 +80,12 @@ impl Test {
             }
             Test::T6 => "4 KiB small files: create+write, read hot/cold, delete",
             Test::T7 => "getxattr of an absent name (ENODATA)",
+            Test::T8 => {
+                "the pefs table: create N files, ls -Al, remove, per file (N = 1,000 – 3,000)"
+            }
+            Test::T9 => {
+                "file contents: sequential write and read of one large file, 4 KiB random reads"
+            }
         }
     }
 }
@@ -97,7 +107,9 @@ impl FromStr for Test {
             "5" => Ok(Test::T5),
             "6" => Ok(Test::T6),
             "7" => Ok(Test::T7),
-            _ => Err(format!("unknown test '{t}' (T1 … T7)")),
+            "8" => Ok(Test::T8),
+            "9" => Ok(Test::T9),
+            _ => Err(format!("unknown test '{t}' (T1 … T9)")),
         }
     }
 }
@@ -121,20 +133,81 @@ pub fn parse_only(s: &str) -> Result<BTreeSet<Test>, String> {
     Ok(set)
 }
 
-/// One `label=dir` of `--targets`.
+/// The targets `--setup` can make, in the order it makes them (and the
+/// report shows them). The checks that compare targets know them by these
+/// labels: `safs` is the unencrypted reference, `safs-enc` an encrypted
+/// volume with the directory cache, `…-nodircache` the same without it.
+pub const SETUP_LABELS: [&str; 7] = [
+    "safs",
+    "safs-enc",
+    "safs-enc-nodircache",
+    "gocryptfs",
+    "ext4",
+    "xfs",
+    "tmpfs",
+];
+
+/// How a target is mounted again for a cold phase, beyond what the mount
+/// table says of it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Remount {
+    /// As found: a safs mount with `--safs-options`; any other filesystem
+    /// is not remounted (only its kernel caches are dropped).
+    #[default]
+    AsFound,
+    /// A safs mount with these `-o` options added (an encrypted volume's
+    /// passphrase file, the directory cache setting).
+    SafsWith(Vec<String>),
+    /// A gocryptfs mount of `cipherdir`, unlocked with `passfile`.
+    Gocryptfs {
+        cipherdir: PathBuf,
+        passfile: PathBuf,
+    },
+}
+
+/// One target of `--targets`, or one made by `--setup`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TargetSpec {
     pub label: String,
+    /// The directory measured; empty when `--targets LABEL` picks one of
+    /// `--setup`'s targets ([`SETUP_LABELS`]), which `--setup` then fills in.
     pub dir: PathBuf,
+    pub remount: Remount,
+    /// What the report says of it beside its filesystem type.
+    pub about: Option<String>,
 }
 
-/// One `label=dir`. Labels are non-empty and made of `[A-Za-z0-9_.-]`
-/// (they name columns and chart series); the directory is everything after
-/// the first `=`.
+impl TargetSpec {
+    pub fn new(label: &str, dir: PathBuf) -> TargetSpec {
+        TargetSpec {
+            label: label.to_string(),
+            dir,
+            remount: Remount::AsFound,
+            about: None,
+        }
+    }
+
+    /// `--targets LABEL` without a directory: one of `--setup`'s targets.
+    pub fn picks_setup(&self) -> bool {
+        self.dir.as_os_str().is_empty()
+    }
+}
+
+/// One `label=dir`, or a bare label of [`SETUP_LABELS`] (with `--setup`:
+/// make and measure only the targets named so). Labels are non-empty and
+/// made of `[A-Za-z0-9_.-]` (they name columns and chart series); the
+/// directory is everything after the first `=`.
 pub fn parse_target(part: &str) -> Result<TargetSpec, String> {
-    let (label, dir) = part
-        .split_once('=')
-        .ok_or_else(|| format!("target '{part}' is not of the form label=dir"))?;
+    let Some((label, dir)) = part.split_once('=') else {
+        let label = part.trim();
+        if SETUP_LABELS.contains(&label) {
+            return Ok(TargetSpec::new(label, PathBuf::new()));
+        }
+        return Err(format!(
+            "target '{part}' is not of the form label=dir, nor one of --setup's ({})",
+            SETUP_LABELS.join(", ")
+        ));
+    };
     let label = label.trim();
     if label.is_empty()
         || !label
@@ -148,10 +221,7 @@ pub fn parse_target(part: &str) -> Result<TargetSpec, String> {
     if dir.is_empty() {
         return Err(format!("target '{label}' has no directory"));
     }
-    Ok(TargetSpec {
-        label: label.to_string(),
-        dir: PathBuf::from(dir),
-    })
+    Ok(TargetSpec::new(label, PathBuf::from(dir)))
 }
 
 /// Refuses a label given twice.
@@ -205,6 +275,13 @@ pub struct Sizes {
     pub t6_files: usize,
     /// T7: getxattr calls per repetition.
     pub t7_calls: u64,
+    /// T8: directory sizes N (the pefs post's).
+    pub t8_counts: Vec<usize>,
+    /// T9: bytes of the file written and read sequentially
+    /// ([`T9_BYTES_ENV`] overrides it).
+    pub t9_file_bytes: u64,
+    /// T9: 4 KiB random reads per repetition, each of a different block.
+    pub t9_random_reads: usize,
     /// `--setup`: size of the ext4 and xfs images (sparse files).
     pub image_bytes: u64,
     /// `--setup`: size limit of the tmpfs.
@@ -232,11 +309,50 @@ impl Sizes {
             },
             t6_files: 10_000,
             t7_calls: 1_000_000,
+            t8_counts: vec![1_000, 2_000, 3_000],
+            t9_file_bytes: if full { 1 << 30 } else { 256 << 20 },
+            // Under a tenth of the file's blocks: few neighbours for any
+            // readahead underneath to bring in early.
+            t9_random_reads: if full { 20_000 } else { 5_000 },
             // T1 at 64 KiB × F is the largest user: 0.66 GB small, 6.6 GB full.
             image_bytes: if full { 24 << 30 } else { 4 << 30 },
             tmpfs_bytes: if full { 12 << 30 } else { 4 << 30 },
         }
     }
+}
+
+/// The environment variable that sets T9's file size (`1G`, `256M`, bytes).
+pub const T9_BYTES_ENV: &str = "SAFS_BENCH_T9_BYTES";
+
+/// T9 reads and writes in pieces of this size.
+pub const T9_CHUNK: u64 = 1 << 20;
+
+impl Sizes {
+    /// T9's file size set to `bytes` (whole MiB, at least one); the random
+    /// reads stay under a tenth of the file's 4 KiB blocks.
+    pub fn with_t9_bytes(mut self, bytes: u64) -> Sizes {
+        self.t9_file_bytes = (bytes / T9_CHUNK).max(1) * T9_CHUNK;
+        let blocks = usize::try_from(self.t9_file_bytes / 4096).unwrap_or(usize::MAX);
+        self.t9_random_reads = self.t9_random_reads.min(blocks / 10);
+        self
+    }
+}
+
+/// `1G`, `256M`, `64k`, `1048576`: a size in bytes (binary multiples).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, shift) = match t.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&t[..i], 10),
+        Some((i, 'm' | 'M')) => (&t[..i], 20),
+        Some((i, 'g' | 'G')) => (&t[..i], 30),
+        _ => (t, 0),
+    };
+    num.trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("'{s}' is not a size (e.g. 1G, 256M, 1048576)"))
 }
 
 /// Everything a run needs to know, validated.
@@ -263,6 +379,15 @@ impl Config {
     /// Checks the combination of flags.
     pub fn validate(&self) -> Result<(), String> {
         check_unique(&self.targets)?;
+        if !self.setup
+            && let Some(t) = self.targets.iter().find(|t| t.picks_setup())
+        {
+            return Err(format!(
+                "target '{}' without a directory names one of --setup's targets: \
+                 add --setup, or give it as {}=DIR",
+                t.label, t.label
+            ));
+        }
         if !self.setup && self.targets.is_empty() {
             return Err(
                 "name the directories to measure with --targets label=dir,… \
@@ -322,6 +447,39 @@ mod tests {
         assert!(parse_targets("a=/x,a=/y").is_err());
         assert!(parse_targets("a b=/x").is_err());
         assert!(parse_targets("a=").is_err());
+        assert!(parse_targets("gocryptfs2").is_err());
+    }
+
+    #[test]
+    fn bare_labels_pick_setup_targets() {
+        let t = parse_targets("safs-enc,gocryptfs,mine=/mnt/x").unwrap();
+        assert!(t[0].picks_setup() && t[1].picks_setup());
+        assert_eq!(t[1].label, "gocryptfs");
+        assert!(!t[2].picks_setup());
+        assert_eq!(t[2].remount, Remount::AsFound);
+        // A pick names a target once, like any label.
+        assert!(parse_targets("safs,safs=/mnt/safs").is_err());
+    }
+
+    #[test]
+    fn sizes_parse_and_t9_follows() {
+        assert_eq!(parse_bytes("1G"), Ok(1 << 30));
+        assert_eq!(parse_bytes("256m"), Ok(256 << 20));
+        assert_eq!(parse_bytes(" 64K "), Ok(64 << 10));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        for bad in ["", "G", "0", "1T", "-1M", "99999999999G"] {
+            assert!(parse_bytes(bad).is_err(), "{bad}");
+        }
+        let s = Sizes::of(Scale::Small).with_t9_bytes(3 << 20 | 5);
+        // Whole MiB; random reads of a tenth of the file's 768 blocks.
+        assert_eq!(s.t9_file_bytes, 3 << 20);
+        assert_eq!(s.t9_random_reads, 76);
+        let f = Sizes::of(Scale::Full);
+        assert!(f.t9_random_reads <= (f.t9_file_bytes / 4096 / 10) as usize);
+        assert_eq!(
+            Sizes::of(Scale::Small).with_t9_bytes(1).t9_file_bytes,
+            1 << 20
+        );
     }
 
     #[test]
@@ -331,7 +489,11 @@ mod tests {
             s.into_iter().collect::<Vec<_>>(),
             [Test::T1, Test::T3, Test::T5]
         );
-        assert!(parse_only("T8").is_err());
+        assert_eq!(
+            parse_only("T9,T8").unwrap().into_iter().collect::<Vec<_>>(),
+            [Test::T8, Test::T9]
+        );
+        assert!(parse_only("T10").is_err());
         assert!(parse_only(",").is_err());
     }
 
@@ -346,6 +508,9 @@ mod tests {
         assert_eq!(f.t1_files, 100_000);
         assert_eq!(*f.t5_counts.last().unwrap(), 1_000_000);
         assert_eq!(f.t2_fstat_calls, 10_000_000);
+        assert_eq!(f.t8_counts, [1_000, 2_000, 3_000]);
+        assert_eq!(f.t9_file_bytes, 1 << 30);
+        assert!(s.t9_file_bytes < f.t9_file_bytes);
     }
 
     #[test]
@@ -363,6 +528,9 @@ mod tests {
             command: vec![],
         };
         assert!(c.validate().is_err());
+        c.targets = parse_targets("gocryptfs").unwrap();
+        // A pick of a set-up target needs --setup.
+        assert!(c.validate().unwrap_err().contains("--setup"));
         c.setup = true;
         assert!(c.validate().is_ok());
         c.reps = 0;

@@ -1,4 +1,4 @@
-//! `safs bench`: the seven tables of docs/benchmarks.md, measured side by side on
+//! `safs bench`: the tables of docs/benchmarks.md, measured side by side on
 //! any list of directories, in one run.
 //!
 //! # What a run is
@@ -54,6 +54,8 @@ pub mod t4;
 mod t5;
 mod t6;
 mod t7;
+mod t8;
+mod t9;
 mod target;
 pub mod tree;
 
@@ -65,7 +67,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 
-pub use config::{Config, Scale, Sizes, TargetSpec, Test};
+pub use config::{Config, Scale, Sizes, T9_BYTES_ENV, TargetSpec, Test};
 use progress::Progress;
 use record::{Machine, Measurement, Rep, Results, StepTime, Unit, request_delta};
 use target::{ColdEnv, Target};
@@ -250,7 +252,7 @@ impl Ctx<'_> {
 }
 
 /// One test on one target: where it works, and where its rows go. Every
-/// table (`t1` … `t7`) is a `fn run(s: &mut Step<'_>) -> anyhow::Result<()>`
+/// table (`t1` … `t9`) is a `fn run(s: &mut Step<'_>) -> anyhow::Result<()>`
 /// that makes its rows with [`Step::row`], fills them with [`Ctx::phase`]
 /// (a timed loop is usually [`timed_each`]) and hands them over with
 /// [`Step::done`].
@@ -392,10 +394,22 @@ fn write_outputs(out: &Path, r: &Results) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The run's sizes: the scale's, with T9's file size from [`T9_BYTES_ENV`]
+/// when set.
+fn sizes(scale: Scale) -> anyhow::Result<Sizes> {
+    let sizes = Sizes::of(scale);
+    match std::env::var(T9_BYTES_ENV) {
+        Ok(v) => Ok(sizes.with_t9_bytes(
+            config::parse_bytes(&v).map_err(|e| anyhow::anyhow!("{T9_BYTES_ENV}: {e}"))?,
+        )),
+        Err(_) => Ok(sizes),
+    }
+}
+
 /// Runs the benchmark; returns the results directory.
 pub fn run(cfg: Config) -> anyhow::Result<PathBuf> {
     cfg.validate().map_err(anyhow::Error::msg)?;
-    let sizes = Sizes::of(cfg.scale);
+    let sizes = sizes(cfg.scale)?;
     let is_root = nix::unistd::geteuid().is_root();
     if cfg.setup && !is_root {
         bail!("--setup needs root (it makes filesystems, loop devices and mounts)");
@@ -416,11 +430,18 @@ pub fn run(cfg: Config) -> anyhow::Result<PathBuf> {
     }
 
     let tests: Vec<Test> = cfg.only.iter().copied().collect();
-    let mut need = Vec::new();
-    if cfg.setup {
-        need.push(setup::Tool::MkfsExt4);
-        need.push(setup::Tool::MkfsXfs);
-    }
+    let picks: Vec<String> = cfg
+        .targets
+        .iter()
+        .filter(|t| t.picks_setup())
+        .map(|t| t.label.clone())
+        .collect();
+    let wanted = setup::wanted(&picks);
+    let mut need = if cfg.setup {
+        setup::tools_for(&wanted)
+    } else {
+        Vec::new()
+    };
     if tests.contains(&Test::T4) {
         need.push(setup::Tool::Dbench);
     }
@@ -441,10 +462,11 @@ pub fn run(cfg: Config) -> anyhow::Result<PathBuf> {
     // Declared before the targets so it is dropped (torn down) after them.
     let setup_guard = if cfg.setup {
         eprintln!(
-            "safs bench: setting up safs, ext4, xfs and tmpfs under {}",
+            "safs bench: setting up {} under {}",
+            wanted.join(", "),
             cfg.workdir.display()
         );
-        Some(setup::Setup::create(&env, &stop)?)
+        Some(setup::Setup::create(&env, &stop, &wanted)?)
     } else {
         None
     };
@@ -452,7 +474,11 @@ pub fn run(cfg: Config) -> anyhow::Result<PathBuf> {
         .as_ref()
         .map(|s| s.targets())
         .unwrap_or_default();
-    for t in &cfg.targets {
+    let skipped = setup_guard
+        .as_ref()
+        .map(|s| s.skipped())
+        .unwrap_or_default();
+    for t in cfg.targets.iter().filter(|t| !t.picks_setup()) {
         if specs.iter().any(|s| s.label == t.label) {
             bail!("target label '{}' is used twice", t.label);
         }
@@ -460,7 +486,7 @@ pub fn run(cfg: Config) -> anyhow::Result<PathBuf> {
     }
     let targets = specs
         .iter()
-        .map(|s| Target::resolve(&s.label, &s.dir, &cfg.safs_options))
+        .map(|s| Target::resolve(s, &cfg.safs_options))
         .collect::<anyhow::Result<Vec<_>>>()?;
 
     let pid = std::process::id();
@@ -519,6 +545,8 @@ pub fn run(cfg: Config) -> anyhow::Result<PathBuf> {
                 Test::T5 => t5::run(&mut step),
                 Test::T6 => t6::run(&mut step),
                 Test::T7 => t7::run(&mut step),
+                Test::T8 => t8::run(&mut step),
+                Test::T9 => t9::run(&mut step),
             };
             progress.step_done();
             ops::remove_tree(&ctx, &dir);
@@ -554,6 +582,7 @@ pub fn run(cfg: Config) -> anyhow::Result<PathBuf> {
         wall_secs: started.elapsed().as_secs_f64(),
         machine,
         targets: targets.iter().map(Target::info).collect(),
+        skipped,
         tests,
         steps,
         measurements,

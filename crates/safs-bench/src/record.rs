@@ -17,9 +17,12 @@ pub enum Unit {
     /// Seconds for the whole phase.
     #[serde(rename = "s")]
     Seconds,
-    /// Throughput.
+    /// Throughput (10^6 bytes per second).
     #[serde(rename = "MB/s")]
     MbPerSec,
+    /// Operations per second.
+    #[serde(rename = "IOPS")]
+    Iops,
     /// A ratio of two figures of the same target.
     #[serde(rename = "ratio")]
     Ratio,
@@ -27,7 +30,7 @@ pub enum Unit {
 
 impl Unit {
     pub fn higher_is_better(self) -> bool {
-        matches!(self, Unit::MbPerSec | Unit::Ratio)
+        matches!(self, Unit::MbPerSec | Unit::Iops | Unit::Ratio)
     }
 
     pub fn label(self) -> &'static str {
@@ -35,6 +38,7 @@ impl Unit {
             Unit::UsPerOp => "µs/op",
             Unit::Seconds => "s",
             Unit::MbPerSec => "MB/s",
+            Unit::Iops => "IOPS",
             Unit::Ratio => "ratio",
         }
     }
@@ -262,6 +266,9 @@ pub struct TargetInfo {
     pub dir: String,
     pub fstype: String,
     pub mount_source: String,
+    /// What `--setup` made it as ("encrypted volume, dircache=0").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub about: Option<String>,
     /// safs targets: the volume directory whose daemon was asked for stats.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub safs_volume: Option<String>,
@@ -273,6 +280,14 @@ pub struct TargetInfo {
     /// Cold phases prepared on this target, and the seconds that took.
     pub cold_count: u32,
     pub cold_secs: f64,
+}
+
+/// A target the run was to measure but could not make (gocryptfs not
+/// installable): reported, not silently dropped.
+#[derive(Clone, Debug, Serialize)]
+pub struct Skipped {
+    pub label: String,
+    pub reason: String,
 }
 
 /// Wall time of one test on one target, preparation and cold phases included.
@@ -309,6 +324,8 @@ pub struct Results {
     pub wall_secs: f64,
     pub machine: Machine,
     pub targets: Vec<TargetInfo>,
+    /// Targets of `--setup` that could not be made, and why.
+    pub skipped: Vec<Skipped>,
     pub tests: Vec<Test>,
     pub steps: Vec<StepTime>,
     pub measurements: Vec<Measurement>,

@@ -1,15 +1,28 @@
 //! `--setup`: the comparison set made in one go — a safs volume and mount,
-//! an ext4 and an xfs loop image, a tmpfs — and torn down afterwards.
+//! two encrypted safs volumes (with and without the directory cache),
+//! gocryptfs, an ext4 and an xfs loop image, a tmpfs — and torn down
+//! afterwards. `--targets LABEL,…` (bare labels) makes only those.
 //!
 //! Everything lives under `<workdir>/safs-bench-setup.<pid>/`:
 //!
 //! ```text
-//! safs-disk.img  sparse ext4 image  safs-disk/  holds the safs volume (vol/)
-//!                                   safs/       the safs mountpoint
+//! safs-disk.img  sparse ext4 image  safs-disk/  holds the safs volumes (vol/,
+//!                                               vol-enc/, vol-enc-nodircache/)
+//!                                               and gocryptfs' cipher/
+//!                                   safs/, safs-enc/, safs-enc-nodircache/,
+//!                                   gocryptfs/  their mountpoints
+//! passphrase  (0600) the encrypted volumes' and gocryptfs' passphrase
 //! ext4.img    sparse image       ext4/   mounted from a loop device
 //! xfs.img     sparse image       xfs/    mounted from a loop device
 //!                                tmpfs/  tmpfs, size-limited
 //! ```
+//!
+//! The encrypted targets share safs' image so all four sit on one fresh
+//! ext4, as in the comparison the encrypted-volume work is held to; the
+//! image is sized for every safs volume on it (sparse: only what is written
+//! takes space). gocryptfs is Debian's package with its default settings,
+//! installed with apt-get when missing; if it cannot be installed or
+//! mounted, its target is reported skipped, with the reason.
 //!
 //! The loop devices use direct I/O where the host allows it, so a cold phase
 //! on ext4/xfs really reads the disk rather than the image's page cache
@@ -30,8 +43,12 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
-use super::config::{Sizes, TargetSpec};
-use super::target::{SafsMount, mount_safs, unmount_with_retry, wait_unlocked};
+use super::config::{Remount, SETUP_LABELS, Sizes, TargetSpec};
+use super::record::Skipped;
+use super::target::{
+    GocryptfsMount, SafsMount, mount_gocryptfs, mount_safs, unmount_with_retry,
+    wait_gocryptfs_exit, wait_unlocked,
+};
 
 /// An external program the run needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +56,7 @@ pub enum Tool {
     MkfsExt4,
     MkfsXfs,
     Dbench,
+    Gocryptfs,
 }
 
 impl Tool {
@@ -47,6 +65,7 @@ impl Tool {
             Tool::MkfsExt4 => "mkfs.ext4",
             Tool::MkfsXfs => "mkfs.xfs",
             Tool::Dbench => "dbench",
+            Tool::Gocryptfs => "gocryptfs",
         }
     }
 
@@ -56,8 +75,44 @@ impl Tool {
             Tool::MkfsExt4 => "e2fsprogs",
             Tool::MkfsXfs => "xfsprogs",
             Tool::Dbench => "dbench",
+            Tool::Gocryptfs => "gocryptfs",
         }
     }
+}
+
+/// The set-up targets kept on safs' ext4 image.
+const ON_SAFS_DISK: [&str; 4] = ["safs", "safs-enc", "safs-enc-nodircache", "gocryptfs"];
+
+/// The set-up targets to make: those picked by `--targets LABEL`, or all.
+pub fn wanted(picks: &[String]) -> Vec<&'static str> {
+    SETUP_LABELS
+        .into_iter()
+        .filter(|l| picks.is_empty() || picks.iter().any(|p| p == l))
+        .collect()
+}
+
+/// The tools making `wanted` needs before anything is made (gocryptfs is
+/// installed on its own: failing that skips its target, not the run).
+pub fn tools_for(wanted: &[&str]) -> Vec<Tool> {
+    let mut need = Vec::new();
+    if wanted
+        .iter()
+        .any(|l| *l == "ext4" || ON_SAFS_DISK.contains(l))
+    {
+        need.push(Tool::MkfsExt4);
+    }
+    if wanted.contains(&"xfs") {
+        need.push(Tool::MkfsXfs);
+    }
+    need
+}
+
+/// Bytes of safs' image: one image's worth for every safs volume on it
+/// (the engines' files do not shrink when a test removes its files, and the
+/// volumes take turns, test by test).
+pub fn safs_disk_bytes(image_bytes: u64, wanted: &[&str]) -> u64 {
+    let volumes = wanted.iter().filter(|l| l.starts_with("safs")).count() as u64;
+    image_bytes * volumes.max(1)
 }
 
 /// Finds `program` on PATH or in the sbin directories (root's tools).
@@ -146,6 +201,7 @@ pub struct Env<'a> {
 enum Mounted {
     Kernel(PathBuf),
     Safs(SafsMount),
+    Gocryptfs(GocryptfsMount),
 }
 
 /// The set-up filesystems; dropping it tears them down.
@@ -155,6 +211,7 @@ pub struct Setup {
     mounts: Vec<Mounted>,
     loops: Vec<String>,
     targets: Vec<TargetSpec>,
+    skipped: Vec<Skipped>,
 }
 
 fn run_cmd(cmd: &mut Command) -> anyhow::Result<String> {
@@ -174,7 +231,7 @@ fn run_cmd(cmd: &mut Command) -> anyhow::Result<String> {
 
 /// Makes `<root>/<name>.img` with filesystem `fs`, attaches it to a loop
 /// device and mounts it on `<root>/<name>`; records both for teardown.
-fn loop_mount(s: &mut Setup, env: &Env<'_>, fs: &str, name: &str) -> anyhow::Result<PathBuf> {
+fn loop_mount(s: &mut Setup, bytes: u64, fs: &str, name: &str) -> anyhow::Result<PathBuf> {
     // ext4: initialise inode tables and journal now, not in a background
     // thread (ext4lazyinit) that would write during the first tests.
     let (mkfs, args): (&str, &[&str]) = match fs {
@@ -188,7 +245,7 @@ fn loop_mount(s: &mut Setup, env: &Env<'_>, fs: &str, name: &str) -> anyhow::Res
     let mnt = s.root.join(name);
     std::fs::create_dir_all(&mnt)?;
     std::fs::File::create(&img)
-        .and_then(|f| f.set_len(env.sizes.image_bytes))
+        .and_then(|f| f.set_len(bytes))
         .with_context(|| format!("cannot create {}", img.display()))?;
     let mkfs = find_program(mkfs).context("mkfs is missing")?;
     run_cmd(Command::new(mkfs).args(args).arg(&img))?;
@@ -211,8 +268,36 @@ fn loop_mount(s: &mut Setup, env: &Env<'_>, fs: &str, name: &str) -> anyhow::Res
     Ok(mnt)
 }
 
+/// Writes a new random passphrase into `path`, readable by root alone.
+fn write_passphrase(path: &Path) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut raw = [0u8; 24];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut raw))
+        .context("cannot read /dev/urandom")?;
+    let text: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| writeln!(f, "{text}"))
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// `gocryptfs -version`'s first words: "gocryptfs 2.3".
+fn gocryptfs_version() -> Option<String> {
+    let out = Command::new("gocryptfs").arg("-version").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: Vec<&str> = text.split_whitespace().take(2).collect();
+    (v.len() == 2).then(|| v.join(" ").trim_end_matches(';').to_string())
+}
+
 impl Setup {
-    pub fn create(env: &Env<'_>, stop: &AtomicBool) -> anyhow::Result<Setup> {
+    /// Makes the targets of `wanted` (see [`wanted`]), in [`SETUP_LABELS`]
+    /// order.
+    pub fn create(env: &Env<'_>, stop: &AtomicBool, wanted: &[&str]) -> anyhow::Result<Setup> {
         let root = env
             .workdir
             .join(format!("safs-bench-setup.{}", std::process::id()));
@@ -223,6 +308,7 @@ impl Setup {
             mounts: Vec::new(),
             loops: Vec::new(),
             targets: Vec::new(),
+            skipped: Vec::new(),
         };
         let check = || -> anyhow::Result<()> {
             if stop.load(Ordering::Relaxed) {
@@ -230,77 +316,179 @@ impl Setup {
             }
             Ok(())
         };
+        let want = |l: &str| wanted.contains(&l);
 
-        // safs, on an ext4 image of its own as fresh as the ext4 target's:
-        // the backing files' filesystem is part of what safs costs, and a
-        // long-used host filesystem (slow inode allocation after heavy
-        // churn) would be measured instead of safs.
-        let disk = loop_mount(&mut s, env, "ext4", "safs-disk")?;
-        let vol = disk.join("vol");
-        let mnt = root.join("safs");
-        std::fs::create_dir_all(&mnt)?;
-        run_cmd(Command::new(env.safs_exe).arg("format").arg(&vol))?;
-        let m = SafsMount {
-            volume: std::fs::canonicalize(&vol)?,
-            mountpoint: std::fs::canonicalize(&mnt)?,
-            options: env.safs_options.to_vec(),
-        };
-        mount_safs(env.safs_exe, &m)?;
-        s.mounts.push(Mounted::Safs(m));
-        s.targets.push(TargetSpec {
-            label: "safs".into(),
-            dir: mnt,
-        });
-        check()?;
+        // safs and the encrypted targets, on an ext4 image of their own as
+        // fresh as the ext4 target's: the backing files' filesystem is part
+        // of what they cost, and a long-used host filesystem (slow inode
+        // allocation after heavy churn) would be measured instead.
+        if ON_SAFS_DISK.iter().any(|l| want(l)) {
+            let bytes = safs_disk_bytes(env.sizes.image_bytes, wanted);
+            let disk = loop_mount(&mut s, bytes, "ext4", "safs-disk")?;
+            let passfile = root.join("passphrase");
+            if ON_SAFS_DISK[1..].iter().any(|l| want(l)) {
+                write_passphrase(&passfile)?;
+            }
+            let encrypted = |dircache: &str| {
+                vec![
+                    format!("passphrase_file={}", passfile.display()),
+                    format!("dircache={dircache}"),
+                ]
+            };
+            let volumes = [
+                ("safs", "vol", None),
+                ("safs-enc", "vol-enc", Some("1")),
+                ("safs-enc-nodircache", "vol-enc-nodircache", Some("0")),
+            ];
+            for (label, vol, dircache) in volumes {
+                if !want(label) {
+                    continue;
+                }
+                let vol = disk.join(vol);
+                let mut format = Command::new(env.safs_exe);
+                format.arg("format").arg(&vol);
+                if dircache.is_some() {
+                    // The real key derivation: its cost is paid once per
+                    // mount, outside every timed loop.
+                    format
+                        .arg("--encrypt")
+                        .arg("--passphrase-file")
+                        .arg(&passfile);
+                }
+                run_cmd(&mut format)?;
+                let extra = dircache.map(encrypted).unwrap_or_default();
+                let mnt = root.join(label);
+                std::fs::create_dir_all(&mnt)?;
+                let mut options = env.safs_options.to_vec();
+                options.extend(extra.iter().cloned());
+                let m = SafsMount {
+                    volume: std::fs::canonicalize(&vol)?,
+                    mountpoint: std::fs::canonicalize(&mnt)?,
+                    options,
+                };
+                mount_safs(env.safs_exe, &m)?;
+                s.mounts.push(Mounted::Safs(m));
+                s.targets.push(TargetSpec {
+                    label: label.into(),
+                    dir: mnt,
+                    remount: if extra.is_empty() {
+                        Remount::AsFound
+                    } else {
+                        Remount::SafsWith(extra)
+                    },
+                    about: dircache.map(|d| format!("encrypted volume, dircache={d}")),
+                });
+                check()?;
+            }
+            if want("gocryptfs") {
+                if !passfile.exists() {
+                    write_passphrase(&passfile)?;
+                }
+                if let Err(e) = s.gocryptfs(&disk, &passfile) {
+                    let reason = format!("{e:#}");
+                    eprintln!("safs bench: skipping target gocryptfs: {reason}");
+                    s.skipped.push(Skipped {
+                        label: "gocryptfs".into(),
+                        reason,
+                    });
+                }
+                check()?;
+            }
+        }
 
         // ext4 and xfs on loop devices
         for fs in ["ext4", "xfs"] {
-            let mnt = loop_mount(&mut s, env, fs, fs)?;
-            s.targets.push(TargetSpec {
-                label: fs.into(),
-                dir: mnt,
-            });
+            if !want(fs) {
+                continue;
+            }
+            let mnt = loop_mount(&mut s, env.sizes.image_bytes, fs, fs)?;
+            s.targets.push(TargetSpec::new(fs, mnt));
             check()?;
         }
 
         // tmpfs
-        let mnt = root.join("tmpfs");
-        std::fs::create_dir_all(&mnt)?;
-        nix::mount::mount(
-            Some("tmpfs"),
-            &mnt,
-            Some("tmpfs"),
-            nix::mount::MsFlags::empty(),
-            Some(format!("size={}k", env.sizes.tmpfs_bytes / 1024).as_str()),
-        )
-        .with_context(|| format!("cannot mount tmpfs on {}", mnt.display()))?;
-        s.mounts.push(Mounted::Kernel(mnt.clone()));
-        s.targets.push(TargetSpec {
-            label: "tmpfs".into(),
-            dir: mnt,
-        });
-        check()?;
+        if want("tmpfs") {
+            let mnt = root.join("tmpfs");
+            std::fs::create_dir_all(&mnt)?;
+            nix::mount::mount(
+                Some("tmpfs"),
+                &mnt,
+                Some("tmpfs"),
+                nix::mount::MsFlags::empty(),
+                Some(format!("size={}k", env.sizes.tmpfs_bytes / 1024).as_str()),
+            )
+            .with_context(|| format!("cannot mount tmpfs on {}", mnt.display()))?;
+            s.mounts.push(Mounted::Kernel(mnt.clone()));
+            s.targets.push(TargetSpec::new("tmpfs", mnt));
+            check()?;
+        }
         Ok(s)
     }
 
-    /// safs, ext4, xfs, tmpfs — in that order.
+    /// gocryptfs with default settings over `<disk>/cipher`, installed
+    /// first if missing.
+    fn gocryptfs(&mut self, disk: &Path, passfile: &Path) -> anyhow::Result<()> {
+        ensure_tools(&[Tool::Gocryptfs], true)?;
+        let cipher = disk.join("cipher");
+        let mnt = self.root.join("gocryptfs");
+        std::fs::create_dir_all(&cipher)?;
+        std::fs::create_dir_all(&mnt)?;
+        run_cmd(
+            Command::new("gocryptfs")
+                .args(["-init", "-q", "-passfile"])
+                .arg(passfile)
+                .arg(&cipher),
+        )?;
+        let g = GocryptfsMount {
+            cipherdir: std::fs::canonicalize(&cipher)?,
+            mountpoint: std::fs::canonicalize(&mnt)?,
+            passfile: passfile.to_path_buf(),
+        };
+        mount_gocryptfs(&g)?;
+        self.mounts.push(Mounted::Gocryptfs(g.clone()));
+        self.targets.push(TargetSpec {
+            label: "gocryptfs".into(),
+            dir: mnt,
+            remount: Remount::Gocryptfs {
+                cipherdir: g.cipherdir,
+                passfile: g.passfile,
+            },
+            about: Some(format!(
+                "{}, default settings",
+                gocryptfs_version().unwrap_or_else(|| "gocryptfs".into())
+            )),
+        });
+        Ok(())
+    }
+
+    /// The targets made, in [`SETUP_LABELS`] order.
     pub fn targets(&self) -> Vec<TargetSpec> {
         self.targets.clone()
     }
 
+    /// The targets that could not be made, and why.
+    pub fn skipped(&self) -> Vec<Skipped> {
+        self.skipped.clone()
+    }
+
     fn teardown(&mut self) {
         for m in self.mounts.drain(..).rev() {
-            let (mnt, vol) = match &m {
-                Mounted::Kernel(p) => (p.clone(), None),
-                Mounted::Safs(s) => (s.mountpoint.clone(), Some(s.volume.clone())),
+            let mnt = match &m {
+                Mounted::Kernel(p) => p,
+                Mounted::Safs(s) => &s.mountpoint,
+                Mounted::Gocryptfs(g) => &g.mountpoint,
             };
-            if let Err(e) = unmount_with_retry(&mnt, Duration::from_secs(5)) {
+            if let Err(e) = unmount_with_retry(mnt, Duration::from_secs(5)) {
                 eprintln!("safs bench: {e}; detaching it lazily");
-                let _ = nix::mount::umount2(&mnt, nix::mount::MntFlags::MNT_DETACH);
+                let _ = nix::mount::umount2(mnt, nix::mount::MntFlags::MNT_DETACH);
             }
-            if let Some(v) = vol
-                && let Err(e) = wait_unlocked(&v, Duration::from_secs(120))
-            {
+            // The daemons still close their files on the image underneath.
+            let waited = match &m {
+                Mounted::Kernel(_) => Ok(()),
+                Mounted::Safs(s) => wait_unlocked(&s.volume, Duration::from_secs(120)),
+                Mounted::Gocryptfs(g) => wait_gocryptfs_exit(&g.cipherdir, Duration::from_secs(30)),
+            };
+            if let Err(e) = waited {
                 eprintln!("safs bench: {e}");
             }
         }
@@ -336,5 +524,19 @@ mod tests {
     #[test]
     fn nothing_to_install_is_fine() {
         ensure_tools(&[], false).unwrap();
+    }
+
+    #[test]
+    fn picks_choose_targets_tools_and_image_size() {
+        assert_eq!(wanted(&[]), SETUP_LABELS);
+        let picks = ["gocryptfs".to_string(), "safs".to_string()];
+        // In setup order, whatever the order of the picks.
+        assert_eq!(wanted(&picks), ["safs", "gocryptfs"]);
+        assert_eq!(tools_for(&wanted(&picks)), [Tool::MkfsExt4]);
+        assert_eq!(tools_for(&["tmpfs"]), []);
+        assert_eq!(tools_for(&["xfs"]), [Tool::MkfsXfs]);
+        // One image's worth per safs volume on the shared image.
+        assert_eq!(safs_disk_bytes(4, &SETUP_LABELS), 12);
+        assert_eq!(safs_disk_bytes(4, &["gocryptfs"]), 4);
     }
 }

@@ -17,6 +17,10 @@
 //!   includes reading the metadata engine from disk. If the unmount is refused (the mount is
 //!   busy, e.g. someone's shell sits in it), the daemon is asked to
 //!   `drop-caches` instead and the run says so.
+//! - gocryptfs made by `--setup` (the bench holds its passphrase file):
+//!   the same as safs — unmount, wait for its daemon to exit, drop caches,
+//!   mount again (scrypt unlock) — so both FUSE daemons start cold. A
+//!   gocryptfs mount found as it is gets the kernel filesystems' treatment.
 
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
@@ -25,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+use super::config::{Remount, TargetSpec};
 use super::record::{DaemonMem, Requests, TargetInfo};
 
 use safs_control::mountinfo::{self, MountEntry};
@@ -38,12 +43,22 @@ pub struct SafsMount {
     pub options: Vec<String>,
 }
 
+/// A gocryptfs mount the bench can restart.
+#[derive(Clone, Debug)]
+pub struct GocryptfsMount {
+    pub cipherdir: PathBuf,
+    pub mountpoint: PathBuf,
+    pub passfile: PathBuf,
+}
+
 pub struct Target {
     pub label: String,
     /// Canonical path of the directory measured.
     pub dir: PathBuf,
     pub mount: MountEntry,
     pub safs: Option<SafsMount>,
+    pub gocryptfs: Option<GocryptfsMount>,
+    about: Option<String>,
     /// How cold phases are made cold (for results.json), updated if the
     /// remount ever has to fall back.
     cold: RefCell<String>,
@@ -67,9 +82,11 @@ pub struct Snapshot {
 }
 
 impl Target {
-    /// Resolves `dir` and recognises safs mounts. `safs_options` are used
-    /// when a safs target has to be mounted again.
-    pub fn resolve(label: &str, dir: &Path, safs_options: &[String]) -> anyhow::Result<Target> {
+    /// Resolves the spec's directory and recognises safs mounts.
+    /// `safs_options` (and the spec's own) are used when a safs target has
+    /// to be mounted again.
+    pub fn resolve(spec: &TargetSpec, safs_options: &[String]) -> anyhow::Result<Target> {
+        let (label, dir) = (spec.label.as_str(), spec.dir.as_path());
         let dir = std::fs::canonicalize(dir)
             .with_context(|| format!("target {label}: {} does not exist", dir.display()))?;
         if !dir.is_dir() {
@@ -83,6 +100,9 @@ impl Target {
             .with_context(|| format!("target {label}: no mount holds {}", dir.display()))?;
         let safs = (mount.fstype == "fuse.safs").then(|| {
             let mut options = safs_options.to_vec();
+            if let Remount::SafsWith(extra) = &spec.remount {
+                options.extend(extra.iter().cloned());
+            }
             if mount.super_opts.split(',').any(|o| o == "allow_other")
                 && !options
                     .iter()
@@ -96,8 +116,23 @@ impl Target {
                 options,
             }
         });
+        let gocryptfs = match &spec.remount {
+            Remount::Gocryptfs {
+                cipherdir,
+                passfile,
+            } if mount.fstype == "fuse.gocryptfs" => Some(GocryptfsMount {
+                cipherdir: cipherdir.clone(),
+                mountpoint: mount.mountpoint.clone(),
+                passfile: passfile.clone(),
+            }),
+            _ => None,
+        };
         let cold = if safs.is_some() {
             "unmount, sync, drop_caches, mount (daemon restarted), drop_caches"
+        } else if gocryptfs.is_some() {
+            "unmount, sync, drop_caches, mount (daemon restarted)"
+        } else if mount.fstype.starts_with("fuse") {
+            "sync, drop_caches (its daemon kept running)"
         } else {
             "sync, drop_caches"
         };
@@ -106,6 +141,8 @@ impl Target {
             dir,
             mount,
             safs,
+            gocryptfs,
+            about: spec.about.clone(),
             cold: RefCell::new(cold.to_string()),
             cold_spent: Cell::new((0, 0.0)),
         })
@@ -117,6 +154,7 @@ impl Target {
             dir: self.dir.display().to_string(),
             fstype: self.mount.fstype.clone(),
             mount_source: self.mount.source.display().to_string(),
+            about: self.about.clone(),
             safs_volume: self.safs.as_ref().map(|s| s.volume.display().to_string()),
             inline_bytes: self
                 .safs
@@ -198,6 +236,23 @@ impl Target {
                 }
             }
         }
+        if let Some(g) = &self.gocryptfs {
+            match unmount_with_retry(&g.mountpoint, Duration::from_secs(3)) {
+                Ok(()) => {
+                    wait_gocryptfs_exit(&g.cipherdir, Duration::from_secs(30))?;
+                    drop_kernel_caches()?;
+                    mount_gocryptfs(g)?;
+                    return Ok(None);
+                }
+                Err(e) => {
+                    *self.cold.borrow_mut() = "sync, drop_caches (unmount refused)".into();
+                    warning = Some(format!(
+                        "target {}: could not unmount for a cold phase ({e}); dropped the kernel's caches only",
+                        self.label
+                    ));
+                }
+            }
+        }
         drop_kernel_caches()?;
         Ok(warning)
     }
@@ -258,6 +313,61 @@ pub fn mount_safs(safs_exe: &Path, s: &SafsMount) -> anyhow::Result<()> {
             s.mountpoint.display(),
             String::from_utf8_lossy(&out.stderr).trim()
         );
+    }
+    Ok(())
+}
+
+/// `gocryptfs -passfile F CIPHERDIR MOUNTPOINT` (default settings), which
+/// returns once the mount is live and its daemon in the background.
+pub fn mount_gocryptfs(g: &GocryptfsMount) -> anyhow::Result<()> {
+    let out = Command::new("gocryptfs")
+        .arg("-q")
+        .arg("-passfile")
+        .arg(&g.passfile)
+        .arg(&g.cipherdir)
+        .arg(&g.mountpoint)
+        .output()
+        .context("cannot run gocryptfs")?;
+    if !out.status.success() {
+        bail!(
+            "gocryptfs {} {} failed ({}): {}",
+            g.cipherdir.display(),
+            g.mountpoint.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Whether a gocryptfs process serves `cipherdir` (its command line names
+/// it): after an unmount its daemon still closes its files in the
+/// filesystem underneath, which must not be unmounted or remounted before.
+pub fn gocryptfs_running(cipherdir: &Path) -> bool {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    let want = cipherdir.as_os_str().as_encoded_bytes();
+    procs.flatten().any(|p| {
+        let Ok(cmd) = std::fs::read(p.path().join("cmdline")) else {
+            return false;
+        };
+        let mut args = cmd.split(|b| *b == 0);
+        args.next().is_some_and(|a0| a0.ends_with(b"gocryptfs")) && args.any(|a| a == want)
+    })
+}
+
+/// Waits until no gocryptfs daemon serves `cipherdir`.
+pub fn wait_gocryptfs_exit(cipherdir: &Path, patience: Duration) -> anyhow::Result<()> {
+    let start = Instant::now();
+    while gocryptfs_running(cipherdir) {
+        if start.elapsed() > patience {
+            bail!(
+                "the gocryptfs daemon of {} did not exit within {patience:?} of the unmount",
+                cipherdir.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
     Ok(())
 }

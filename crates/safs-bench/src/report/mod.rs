@@ -15,6 +15,7 @@ use super::record::{DaemonMem, Measurement, Results, Unit};
 use super::svg::{Chart, DASHES, PALETTE, Series};
 
 mod charts;
+mod encrypted;
 mod verdicts;
 
 #[cfg(test)]
@@ -127,7 +128,7 @@ fn param_header(test: Test) -> Option<&'static str> {
     match test {
         Test::T1 => Some("N (bytes)"),
         Test::T3 => Some("C (bytes)"),
-        Test::T5 => Some("N (files)"),
+        Test::T5 | Test::T8 => Some("N (files)"),
         _ => None,
     }
 }
@@ -273,6 +274,10 @@ pub fn markdown(r: &Results) -> String {
     );
     let _ = writeln!(s, "|---|---|---|---|---|---|");
     for t in &r.targets {
+        let fs = match &t.about {
+            Some(a) => format!("{} ({a})", t.fstype),
+            None => t.fstype.clone(),
+        };
         let per_test: Vec<String> = r
             .steps
             .iter()
@@ -284,12 +289,17 @@ pub fn markdown(r: &Results) -> String {
             "| {} | `{}` | {} | {} | {} times, {:.0} s | {} |",
             t.label,
             t.dir,
-            t.fstype,
+            fs,
             t.cold,
             t.cold_count,
             t.cold_secs,
             per_test.join(", ")
         );
+    }
+    for k in &r.skipped {
+        // apt-get's and gocryptfs' messages span lines.
+        let reason = k.reason.replace('\n', " ").replace('|', "\\|");
+        let _ = writeln!(s, "| {} | — | **skipped**: {reason} | | | |", k.label);
     }
 
     for &test in &r.tests {
@@ -358,8 +368,8 @@ pub fn markdown(r: &Results) -> String {
             }
             let _ = writeln!(s, "| {} |", row.join(" | "));
         }
-        if test == Test::T5 {
-            for case in ["create", "ls -Al", "remove"] {
+        if matches!(test, Test::T5 | Test::T8) {
+            for case in ["create", "ls -Al", crate::t5::LS_PROGRAM, "remove"] {
                 let ps = tb.params(case);
                 let (Some(Some(lo)), Some(Some(hi))) = (ps.first(), ps.last()) else {
                     continue;
@@ -394,6 +404,7 @@ pub fn markdown(r: &Results) -> String {
         }
     }
 
+    s.push_str(&encrypted::section(r));
     let checks = checks(r);
     if !checks.is_empty() {
         let _ = writeln!(s, "\n## Targets (docs/benchmarks.md)\n");
@@ -466,6 +477,21 @@ fn sizes_line(test: Test, z: &crate::config::Sizes) -> String {
         Test::T5 => "N files per directory, as in each row.".into(),
         Test::T6 => format!("{} files of 4 KiB.", z.t6_files),
         Test::T7 => format!("{} calls per repetition.", z.t7_calls),
+        Test::T8 => "N files per directory, as in each row. `ls -Al` is the loop of T5 \
+                     (readdir, then lstat of each entry); `ls -Al (coreutils)` is the program \
+                     itself, per entry, with its process start and two xattr probes per entry."
+            .into(),
+        Test::T9 => format!(
+            "One file of {} MiB: written in 1 MiB writes then fsync'd (timed together); read \
+             back in 1 MiB reads after making the target cold; then {} reads of 4 KiB, each of \
+             a different block in a fixed shuffled order, after making the target cold, with \
+             the file's readahead off (POSIX_FADV_RANDOM): buffered reads that miss the page \
+             cache, not O_DIRECT; what the filesystem does underneath (a FUSE daemon's reads \
+             of its backing file, safs' passthrough) is part of the figure. MB/s are 10^6 \
+             bytes/s; req/op is per MiB for the sequential rows, per read for the random one.",
+            z.t9_file_bytes >> 20,
+            z.t9_random_reads
+        ),
     }
 }
 

@@ -14,6 +14,7 @@ fn target(label: &str, safs: bool) -> TargetInfo {
             label.into()
         },
         mount_source: String::new(),
+        about: None,
         safs_volume: safs.then(|| "/vol".into()),
         inline_bytes: safs.then_some(320),
         cold: "sync, drop_caches".into(),
@@ -103,6 +104,7 @@ fn results() -> Results {
         wall_secs: 1.0,
         machine: Machine::default(),
         targets: vec![target("safs", true), target("ext4", false)],
+        skipped: vec![],
         tests: vec![Test::T1, Test::T5],
         steps: vec![],
         measurements: ms,
@@ -254,4 +256,227 @@ fn charts_have_a_series_per_target_and_case() {
     let ticks: Vec<String> = c.x_ticks.iter().map(|t| t.1.clone()).collect();
     assert_eq!(ticks, ["1", "4 Ki"]);
     assert_eq!(param_label(Test::T5, 1_000_000), "1M");
+}
+
+/// A row of `unit` with one repetition of value `v` (n/a with ENOSPC when
+/// `None`).
+fn row(
+    test: Test,
+    target: &str,
+    case: &str,
+    param: Option<u64>,
+    unit: Unit,
+    v: Option<f64>,
+) -> Measurement {
+    let mut m = meas(test, target, case, param, v, None);
+    m.unit = unit;
+    m
+}
+
+/// safs, safs-enc (dircache), its dircache=0 twin and gocryptfs on the
+/// pefs table's rows: `enc` scales safs-enc's costs against safs', `goc`
+/// gocryptfs' against safs-enc's.
+fn pefs_results(enc: f64, goc: f64) -> Results {
+    let mut r = results();
+    r.targets = ["safs", "safs-enc", "safs-enc-nodircache", "gocryptfs"]
+        .map(|l| target(l, l != "gocryptfs"))
+        .into();
+    r.targets[3].fstype = "fuse.gocryptfs".into();
+    r.tests = vec![Test::T1, Test::T4, Test::T5, Test::T8, Test::T9];
+    let mut ms = Vec::new();
+    let mut put = |test, case: &str, param, unit, safs: f64| {
+        // Costs scale times up and throughputs down.
+        let cost = |k: f64| {
+            if unit == Unit::UsPerOp {
+                safs * k
+            } else {
+                safs / k
+            }
+        };
+        ms.push(row(test, "safs", case, param, unit, Some(safs)));
+        ms.push(row(test, "safs-enc", case, param, unit, Some(cost(enc))));
+        ms.push(row(
+            test,
+            "safs-enc-nodircache",
+            case,
+            param,
+            unit,
+            Some(cost(enc * 1.5)),
+        ));
+        ms.push(row(
+            test,
+            "gocryptfs",
+            case,
+            param,
+            unit,
+            Some(cost(enc * goc)),
+        ));
+    };
+    for n in [32, 4096] {
+        for case in ["set cold", "set hot", "get hot", "get cold"] {
+            put(Test::T1, case, Some(n), Unit::UsPerOp, 20.0);
+        }
+    }
+    put(Test::T4, "no xattr", None, Unit::MbPerSec, 168.0);
+    put(Test::T4, "xattr (-x)", None, Unit::MbPerSec, 135.0);
+    for (test, ns) in [
+        (Test::T5, &[1000, 10_000][..]),
+        (Test::T8, &[1000, 2000, 3000][..]),
+    ] {
+        for &n in ns {
+            for case in ["create", "ls -Al", "remove"] {
+                put(test, case, Some(n), Unit::UsPerOp, 100.0);
+            }
+        }
+    }
+    put(Test::T9, crate::t9::WRITE, None, Unit::MbPerSec, 400.0);
+    put(Test::T9, crate::t9::READ, None, Unit::MbPerSec, 900.0);
+    put(Test::T9, crate::t9::RANDOM, None, Unit::Iops, 5000.0);
+    // gocryptfs refuses 4 KiB xattrs (ext4 underneath).
+    for m in ms
+        .iter_mut()
+        .filter(|m| m.target == "gocryptfs" && m.param == Some(4096) && m.test == Test::T1)
+    {
+        m.reps.clear();
+        m.error = Some("ENOSPC: setxattr failed at 1 of 100".into());
+    }
+    r.measurements = ms;
+    r
+}
+
+fn verdict(r: &Results, target: &str, what: &str) -> Check {
+    checks(r)
+        .into_iter()
+        .find(|c| c.target == target && c.what.starts_with(what))
+        .unwrap_or_else(|| panic!("no check {what} for {target}"))
+}
+
+#[test]
+fn encrypted_targets_are_held_to_safs_and_gocryptfs() {
+    // 1.1× safs' cost, 6.5× ahead of gocryptfs everywhere.
+    let r = pefs_results(1.1, 6.5);
+    for w in ["T1: ≤ 1.2×", "T5: ≤ 1.2×", "T8: ≤ 1.2×"] {
+        let c = verdict(&r, "safs-enc", w);
+        assert_eq!(c.verdict, Verdict::Met, "{c:?}");
+        assert!(c.measured.starts_with("1.10× ("), "{c:?}");
+    }
+    for w in [
+        "creates ≥ 4×",
+        "listings (ls -Al) ≥ 6×",
+        "T4: dbench ≥ 3×",
+        "T9: sequential",
+    ] {
+        assert_eq!(verdict(&r, "safs-enc", w).verdict, Verdict::Met, "{w}");
+    }
+    let every = verdict(&r, "safs-enc", "ahead of gocryptfs on every row");
+    assert_eq!(every.verdict, Verdict::Met);
+    // 4 T1 cases × 2 sizes (4 KiB refused by gocryptfs counts as ahead),
+    // 2 dbench, 3 × 5 directory sizes, 3 T9 rows.
+    assert_eq!(every.measured, "ahead on all 28 rows");
+    // dircache=0 costs 1.5× as much: the cache gains a third.
+    let dc = verdict(&r, "safs-enc", "dircache: ls -Al");
+    assert_eq!(dc.verdict, Verdict::Met);
+    assert_eq!(dc.measured, "0.67× (T5 ls -Al N=10000)");
+    // The twin is not held to the encrypted targets, only to safs' own.
+    assert!(
+        !checks(&r)
+            .iter()
+            .any(|c| c.target == "safs-enc-nodircache" && c.what.contains("gocryptfs"))
+    );
+    assert_eq!(
+        verdict(&r, "safs-enc-nodircache", "T8: create per-file").verdict,
+        Verdict::Met
+    );
+
+    // 1.3× safs and only 3.5× ahead: the ceilings and floors bite.
+    let r = pefs_results(1.3, 3.5);
+    assert_eq!(
+        verdict(&r, "safs-enc", "T5: ≤ 1.2×").verdict,
+        Verdict::Missed
+    );
+    assert_eq!(
+        verdict(&r, "safs-enc", "creates ≥ 4×").verdict,
+        Verdict::Missed
+    );
+    assert_eq!(
+        verdict(&r, "safs-enc", "listings (ls -Al) ≥ 6×").measured,
+        "3.50× ahead (T5 ls -Al N=1000)"
+    );
+    assert_eq!(
+        verdict(&r, "safs-enc", "T4: dbench ≥ 3×").verdict,
+        Verdict::Met
+    );
+
+    // Behind gocryptfs on one row: named in the verdict.
+    let mut r = pefs_results(1.1, 6.5);
+    let m = r
+        .measurements
+        .iter_mut()
+        .find(|m| m.target == "gocryptfs" && m.case == crate::t9::RANDOM)
+        .unwrap();
+    m.reps[0].value = 1e6;
+    let every = verdict(&r, "safs-enc", "ahead of gocryptfs on every row");
+    assert_eq!(every.verdict, Verdict::Missed);
+    assert!(
+        every
+            .measured
+            .starts_with("ahead on 27 of 28 rows; behind: T9 random 4 KiB read cold 0.0"),
+        "{every:?}"
+    );
+}
+
+#[test]
+fn the_pefs_section_compares_costs() {
+    let md = markdown(&pefs_results(1.1, 6.5));
+    assert!(md.contains("## safs-enc: the pefs table"), "{md}");
+    assert!(md.contains(
+        "| table | case | N | unit | safs-enc | safs | safs-enc ÷ safs | gocryptfs | gocryptfs ÷ safs-enc (× ahead) | safs-enc-nodircache | safs-enc ÷ safs-enc-nodircache |"
+    ), "{md}");
+    // A throughput row: costs are inverted, so the ratios read the same way.
+    assert!(
+        md.contains("| T4 | no xattr |  | MB/s | 153 | 168 | 1.10× | 23.5 | 6.50× | 102 | 0.67× |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| T1 | set cold | 4096 | µs/op | 22.0 | 20.0 | 1.10× | n/a (ENOSPC) | — |"),
+        "{md}"
+    );
+    // T8's growth row.
+    assert!(
+        md.contains("| create: growth | 1000→3000 | × | 1.00 | 1.00 | 1.00 | 1.00 |"),
+        "{md}"
+    );
+    // No encrypted target, no section.
+    assert!(!markdown(&results()).contains("the pefs table"));
+}
+
+#[test]
+fn skipped_targets_are_reported_with_their_reason() {
+    let mut r = results();
+    r.skipped.push(crate::record::Skipped {
+        label: "gocryptfs".into(),
+        reason: "missing gocryptfs: install with `apt-get install gocryptfs`; apt-get failed: E: Unable\nto locate | package".into(),
+    });
+    let md = markdown(&r);
+    assert!(md.contains(
+        "| gocryptfs | — | **skipped**: missing gocryptfs: install with `apt-get install gocryptfs`; apt-get failed: E: Unable to locate \\| package | | | |"
+    ), "{md}");
+}
+
+#[test]
+fn iops_and_throughput_are_better_higher() {
+    assert!(Unit::Iops.higher_is_better());
+    assert_eq!(Unit::Iops.label(), "IOPS");
+    assert_eq!(
+        encrypted::cost_ratio(Unit::Iops, Some(100.0), Some(400.0)),
+        Some(4.0)
+    );
+    assert_eq!(
+        encrypted::cost_ratio(Unit::UsPerOp, Some(100.0), Some(400.0)),
+        Some(0.25)
+    );
+    assert_eq!(
+        encrypted::cost_ratio(Unit::Ratio, Some(1.0), Some(2.0)),
+        None
+    );
 }

@@ -20,7 +20,7 @@ impl Verdict {
         }
     }
 
-    fn of(ok: bool) -> Verdict {
+    pub(super) fn of(ok: bool) -> Verdict {
         if ok { Verdict::Met } else { Verdict::Missed }
     }
 }
@@ -214,23 +214,7 @@ pub fn checks(r: &Results) -> Vec<Check> {
                     }
                 }
                 Test::T5 => {
-                    for case in ["create", "ls -Al", "remove"] {
-                        let ps = tb.params(case);
-                        if let (Some(lo), Some(hi)) = (ps.first(), ps.last())
-                            && lo != hi
-                        {
-                            let g = ratio(tb.best(case, *hi, l), tb.best(case, *lo, l));
-                            add(
-                                &format!(
-                                    "T5: {case} per-file cost flat (≤ 1.3×) from N={} to N={}",
-                                    lo.unwrap_or(0),
-                                    hi.unwrap_or(0)
-                                ),
-                                g.map_or("n/a".into(), |g| format!("{g:.2}×")),
-                                Verdict::of(g.is_some_and(|g| g <= 1.3)),
-                            );
-                        }
-                    }
+                    flat(&tb, test, l, &mut add);
                     if let Some((n, txt)) = max_trips(&tb, "create") {
                         add(
                             "T5: one round trip per created file (worst N)",
@@ -261,6 +245,12 @@ pub fn checks(r: &Results) -> Vec<Check> {
                         );
                     }
                 }
+                Test::T8 => flat(&tb, test, l, &mut add),
+                Test::T9 => {
+                    if let Some((_, txt)) = max_trips(&tb, crate::t9::RANDOM) {
+                        add("T9: requests per random 4 KiB read", txt, Verdict::Info);
+                    }
+                }
                 Test::T6 | Test::T7 => {
                     let case = if test == Test::T6 {
                         "read hot"
@@ -285,5 +275,30 @@ pub fn checks(r: &Results) -> Vec<Check> {
             }
         }
     }
+    out.extend(super::encrypted::checks(r));
+    // Each target's checks together, in the targets' order (stable).
+    out.sort_by_key(|c| r.targets.iter().position(|t| t.label == c.target));
     out
+}
+
+/// The per-file cost of each directory phase stays flat (≤ 1.3×) from the
+/// smallest N of the table to its largest.
+fn flat(tb: &Table<'_>, test: Test, l: &str, add: &mut dyn FnMut(&str, String, Verdict)) {
+    for case in ["create", "ls -Al", "remove"] {
+        let ps = tb.params(case);
+        if let (Some(lo), Some(hi)) = (ps.first(), ps.last())
+            && lo != hi
+        {
+            let g = ratio(tb.best(case, *hi, l), tb.best(case, *lo, l));
+            add(
+                &format!(
+                    "{test}: {case} per-file cost flat (≤ 1.3×) from N={} to N={}",
+                    lo.unwrap_or(0),
+                    hi.unwrap_or(0)
+                ),
+                g.map_or("n/a".into(), |g| format!("{g:.2}×")),
+                Verdict::of(g.is_some_and(|g| g <= 1.3)),
+            );
+        }
+    }
 }
