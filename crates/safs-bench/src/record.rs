@@ -275,6 +275,10 @@ pub struct TargetInfo {
     /// safs targets: the volume's inline xattr budget, bytes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inline_bytes: Option<u64>,
+    /// safs targets: the directory cache's bound as the daemon reports it
+    /// at the end of the run (0: off) — what `dircache=` really did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dircache_budget_bytes: Option<u64>,
     /// How cold phases were made cold on this target.
     pub cold: String,
     /// Cold phases prepared on this target, and the seconds that took.

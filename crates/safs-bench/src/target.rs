@@ -149,6 +149,10 @@ impl Target {
     }
 
     pub fn info(&self) -> TargetInfo {
+        let stats = self
+            .safs
+            .as_ref()
+            .and_then(|s| safs_control::request(&s.volume, "stats").ok().flatten());
         TargetInfo {
             label: self.label.clone(),
             dir: self.dir.display().to_string(),
@@ -156,12 +160,8 @@ impl Target {
             mount_source: self.mount.source.display().to_string(),
             about: self.about.clone(),
             safs_volume: self.safs.as_ref().map(|s| s.volume.display().to_string()),
-            inline_bytes: self
-                .safs
-                .as_ref()
-                .and_then(|s| safs_control::request(&s.volume, "stats").ok().flatten())
-                .map(|r| r.inline_bytes)
-                .filter(|b| *b > 0),
+            inline_bytes: stats.as_ref().map(|r| r.inline_bytes).filter(|b| *b > 0),
+            dircache_budget_bytes: stats.as_ref().map(|r| r.dircache_budget_bytes),
             cold: self.cold.borrow().clone(),
             cold_count: self.cold_spent.get().0,
             cold_secs: self.cold_spent.get().1,

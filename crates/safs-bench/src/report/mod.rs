@@ -274,9 +274,23 @@ pub fn markdown(r: &Results) -> String {
     );
     let _ = writeln!(s, "|---|---|---|---|---|---|");
     for t in &r.targets {
-        let fs = match &t.about {
-            Some(a) => format!("{} ({a})", t.fstype),
-            None => t.fstype.clone(),
+        let dircache = t.dircache_budget_bytes.map(|b| match b {
+            0 => "directory cache off".to_string(),
+            b => format!(
+                "directory cache ≤ {} MiB",
+                fmt_value(b as f64 / f64::from(1 << 20))
+            ),
+        });
+        let about: Vec<&str> = t
+            .about
+            .iter()
+            .chain(&dircache)
+            .map(String::as_str)
+            .collect();
+        let fs = if about.is_empty() {
+            t.fstype.clone()
+        } else {
+            format!("{} ({})", t.fstype, about.join("; "))
         };
         let per_test: Vec<String> = r
             .steps

@@ -17,6 +17,7 @@ fn target(label: &str, safs: bool) -> TargetInfo {
         about: None,
         safs_volume: safs.then(|| "/vol".into()),
         inline_bytes: safs.then_some(320),
+        dircache_budget_bytes: safs.then_some(0),
         cold: "sync, drop_caches".into(),
         cold_count: 0,
         cold_secs: 0.0,
@@ -444,6 +445,20 @@ fn the_pefs_section_compares_costs() {
     // T8's growth row.
     assert!(
         md.contains("| create: growth | 1000→3000 | × | 1.00 | 1.00 | 1.00 | 1.00 |"),
+        "{md}"
+    );
+    // The target table says what each was made as and what the daemon
+    // reports of its directory cache.
+    let mut r = pefs_results(1.1, 6.5);
+    r.targets[1].about = Some("encrypted volume, dircache=1".into());
+    r.targets[1].dircache_budget_bytes = Some(128 << 20);
+    let md = markdown(&r);
+    assert!(
+        md.contains("| fuse.safs (encrypted volume, dircache=1; directory cache ≤ 128 MiB) |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| `/mnt/safs-enc-nodircache` | fuse.safs (directory cache off) |"),
         "{md}"
     );
     // No encrypted target, no section.
