@@ -325,6 +325,7 @@ impl Setup {
         if ON_SAFS_DISK.iter().any(|l| want(l)) {
             let bytes = safs_disk_bytes(env.sizes.image_bytes, wanted);
             let disk = loop_mount(&mut s, bytes, "ext4", "safs-disk")?;
+            // One passphrase for the encrypted volumes and gocryptfs.
             let passfile = root.join("passphrase");
             if ON_SAFS_DISK[1..].iter().any(|l| want(l)) {
                 write_passphrase(&passfile)?;
@@ -381,9 +382,6 @@ impl Setup {
                 check()?;
             }
             if want("gocryptfs") {
-                if !passfile.exists() {
-                    write_passphrase(&passfile)?;
-                }
                 if let Err(e) = s.gocryptfs(&disk, &passfile) {
                     let reason = format!("{e:#}");
                     eprintln!("safs bench: skipping target gocryptfs: {reason}");
