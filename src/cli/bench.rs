@@ -27,7 +27,7 @@ pub struct BenchArgs {
     /// [default: ./bench-results/<timestamp>].
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Run only these tests, e.g. T1,T5 (default: T1 … T7).
+    /// Run only these tests, e.g. T1,T5 (default: all, T1 … T9).
     #[arg(long, value_parser = parse_only)]
     pub only: Option<BTreeSet<Test>>,
     /// Repetitions of every read-only phase; the best is kept.
@@ -109,7 +109,7 @@ mod tests {
         assert_eq!(a.scale, Scale::Small);
         assert_eq!(a.baseline, "ext4");
         let c = a.into_config().unwrap();
-        assert_eq!(c.only.len(), 7);
+        assert_eq!(c.only.len(), safs_bench::Test::ALL.len());
         assert!(c.out.starts_with("bench-results"));
 
         let a = parse(&[
