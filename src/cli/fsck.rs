@@ -6,7 +6,9 @@ use std::process::{Command, ExitStatus};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use safs::fsck::{self, EXIT_OPERATIONAL, EXIT_UNCORRECTED};
+use safs::fsck::{self, Access, EXIT_OPERATIONAL, EXIT_UNCORRECTED};
+
+use super::passphrase;
 
 /// Set in the environment of the process that does the checking.
 const WORKER_ENV: &str = "SAFS_FSCK_WORKER";
@@ -18,6 +20,16 @@ pub struct FsckArgs {
     /// Fix what can be fixed safely, and say what was done.
     #[arg(long)]
     pub repair: bool,
+    /// The passphrase of an encrypted volume, from this file (else from
+    /// the file SAFS_PASSPHRASE_FILE names, else asked on the terminal;
+    /// with none of them only the volume's structure is checked).
+    #[arg(long, value_name = "FILE")]
+    pub passphrase_file: Option<PathBuf>,
+    /// Check an encrypted volume's structure alone, without its passphrase:
+    /// keys, superblock, key record, backing file names and lengths (not
+    /// records, names or contents).
+    #[arg(long, conflicts_with_all = ["repair", "passphrase_file"])]
+    pub structure_only: bool,
 }
 
 /// Returns the e2fsck-style exit code: 0 clean, 1 repaired, 4 errors left,
@@ -44,6 +56,12 @@ pub fn run(a: FsckArgs) -> i32 {
     if a.repair {
         cmd.arg("--repair");
     }
+    if let Some(f) = &a.passphrase_file {
+        cmd.arg("--passphrase-file").arg(f);
+    }
+    if a.structure_only {
+        cmd.arg("--structure-only");
+    }
     match cmd.status() {
         Ok(status) => verdict(&a.volume, status),
         Err(e) => {
@@ -51,6 +69,15 @@ pub fn run(a: FsckArgs) -> i32 {
             EXIT_OPERATIONAL
         }
     }
+}
+
+/// Whether a passphrase can be asked for: there is a terminal to ask on.
+fn can_prompt() -> bool {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/tty")
+        .is_ok()
 }
 
 /// The exit code for a checking process that ended with `status`.
@@ -92,13 +119,31 @@ fn check(a: FsckArgs) -> i32 {
         bar.set_length(total.max(done));
         bar.set_position(done);
     };
-    let result = fsck::run(&a.volume, a.repair, &progress);
+    let ask = || {
+        passphrase::existing(a.passphrase_file.as_deref(), &a.volume).map_err(|e| format!("{e:#}"))
+    };
+    // Asked only if the volume is encrypted; with no file and no terminal
+    // to ask on, the structure alone is checked.
+    let access = if a.structure_only
+        || (passphrase::file_from(a.passphrase_file.as_deref()).is_none() && !can_prompt())
+    {
+        Access::StructureOnly
+    } else {
+        Access::Full(&ask)
+    };
+    let result = fsck::run(&a.volume, access, a.repair, &progress);
     bar.finish_and_clear();
     match result {
         Ok(report) => {
             for f in &report.findings {
                 let tag = if f.repaired { "repaired" } else { "ERROR" };
                 println!("{tag}: {}", f.what);
+            }
+            if report.structure_only {
+                println!(
+                    "encrypted volume checked without its passphrase: structure only; \
+                     records, names and contents not verified"
+                );
             }
             if report.recovered > 0 {
                 let verb = if a.repair {
@@ -116,6 +161,9 @@ fn check(a: FsckArgs) -> i32 {
                 0 => "clean",
                 1 => "errors repaired",
                 _ if a.repair => "errors left uncorrected",
+                _ if report.structure_only => {
+                    "errors found (check with the passphrase to see them whole and repair)"
+                }
                 _ => "errors found (run with --repair)",
             };
             println!(

@@ -4,22 +4,24 @@
 
 use super::*;
 
+const LOST_FOUND: &[u8] = b"lost+found";
+
 impl Checker<'_> {
     pub(super) fn pass_entries(&mut self) -> Result<()> {
         // D: name → (ino, kind, cookie)
         let mut dirents: HashMap<(u64, Vec<u8>), Dirent> = HashMap::new();
         self.each(keys::P_DIRENT, |c, k, v| {
             let parent = keys::key_ino(&k).unwrap_or(0);
-            let name = keys::key_name(&k).to_vec();
-            match Dirent::decode(&k, &v) {
-                Ok(d) => {
+            let entry = match c.names.entry_name(&k) {
+                Ok(name) => decoded(&v, |v| Dirent::decode(&k, v)).map(|d| (name, d)),
+                Err(_) => Err("its name does not decrypt: changed or moved".to_string()),
+            };
+            match entry {
+                Ok((name, d)) => {
                     dirents.insert((parent, name), d);
                 }
                 Err(e) => {
-                    c.find(
-                        format!("entry {}: unreadable ({e})", describe_key(&k)),
-                        true,
-                    );
+                    c.find(format!("entry {}: unreadable ({e})", c.describe(&k)), true);
                     c.delete(&k);
                 }
             }
@@ -29,13 +31,13 @@ impl Checker<'_> {
         self.each(keys::P_DIRINDEX, |c, k, v| {
             let parent = keys::key_ino(&k).unwrap_or(0);
             let cookie = keys::key_cookie(&k).unwrap_or(0);
-            match IndexEntry::decode(&k, &v) {
+            match decoded(&v, |v| IndexEntry::decode(&k, v)) {
                 Ok(e) => {
                     index.insert((parent, e.name.clone()), (cookie, e));
                 }
                 Err(e) => {
                     c.find(
-                        format!("index entry {}: unreadable ({e})", describe_key(&k)),
+                        format!("index entry {}: unreadable ({e})", c.describe(&k)),
                         true,
                     );
                     c.delete(&k);
@@ -60,7 +62,7 @@ impl Checker<'_> {
                 .or(x.as_ref().map(|x| x.1.ino))
                 .unwrap_or(0);
             let target_kind = self.inodes.get(&target).map(|i| i.inode.dtype());
-            let dk = keys::dirent(parent, &name);
+            let dk = self.names.dirent(parent, &name);
             if !parent_ok || target_kind.is_none() {
                 let why = if parent_ok {
                     "names a missing inode"
@@ -115,6 +117,9 @@ impl Checker<'_> {
                 }
             }
             let is_dir = u32::from(kind) << 12 == S_IFDIR;
+            if is_dir && parent == ROOT_INO && name == LOST_FOUND {
+                self.lost_found = Some(target);
+            }
             let t = self.inodes.get_mut(&target).expect("checked");
             t.names += 1;
             if is_dir {
@@ -134,7 +139,7 @@ impl Checker<'_> {
         let cookie = p.inode.next_cookie.max(crate::core::FIRST_COOKIE);
         p.inode.next_cookie = cookie + 1;
         p.dirty = true;
-        let dk = keys::dirent(parent, name);
+        let dk = self.names.dirent(parent, name);
         let d = Dirent { ino, kind, cookie };
         self.writes.push((dk.clone(), Some(d.encode(&dk))));
         let ck = keys::dir_index(parent, cookie);
@@ -146,11 +151,11 @@ impl Checker<'_> {
         self.writes.push((ck.to_vec(), Some(e.encode(&ck))));
     }
 
-    pub(super) fn link_into_lost_found(&mut self, ino: u64) -> Result<()> {
+    pub(super) fn link_into_lost_found(&mut self, ino: u64) {
         if !self.repair {
-            return Ok(());
+            return;
         }
-        let lf = self.lost_found()?;
+        let lf = self.lost_found();
         let kind = {
             let info = self.inodes.get_mut(&ino).expect("lost inode listed");
             info.inode.nlink = if info.inode.is_dir() {
@@ -173,7 +178,6 @@ impl Checker<'_> {
         }
         self.write_inode(lf);
         self.write_inode(ROOT_INO);
-        Ok(())
     }
 
     pub(super) fn write_inode(&mut self, ino: u64) {
@@ -184,18 +188,11 @@ impl Checker<'_> {
         }
     }
 
-    /// The `/lost+found` directory, made on first use.
-    pub(super) fn lost_found(&mut self) -> Result<u64> {
-        let dk = keys::dirent(ROOT_INO, b"lost+found");
-        if let Some(rec) = self.store.get(&dk)? {
-            if let Ok(d) = Dirent::decode(&dk, &rec) {
-                if self.inodes.get(&d.ino).is_some_and(|i| i.inode.is_dir()) {
-                    return Ok(d.ino);
-                }
-            }
-        }
+    /// The `/lost+found` directory: the one the entries pass found, or
+    /// made on first use.
+    pub(super) fn lost_found(&mut self) -> u64 {
         if let Some(ino) = self.lost_found {
-            return Ok(ino);
+            return ino;
         }
         let ino = self
             .inodes
@@ -234,10 +231,10 @@ impl Checker<'_> {
                 dirty: true,
             },
         );
-        self.add_index(ROOT_INO, b"lost+found", ino, kind);
+        self.add_index(ROOT_INO, LOST_FOUND, ino, kind);
         self.inodes.get_mut(&ROOT_INO).expect("root").inode.nlink += 1;
         self.write_inode(ino);
         self.lost_found = Some(ino);
-        Ok(ino)
+        ino
     }
 }

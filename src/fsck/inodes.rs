@@ -12,11 +12,11 @@ impl Checker<'_> {
                 progress("inodes", done, total);
             }
             let Some(ino) = keys::key_ino(&k).filter(|_| k.len() == 9) else {
-                c.find(format!("malformed inode key {}", describe_key(&k)), true);
+                c.find(format!("malformed inode key {}", c.describe(&k)), true);
                 c.delete(&k);
                 return;
             };
-            match Inode::decode(&k, &v) {
+            match decoded(&v, |v| Inode::decode(&k, v)) {
                 Ok(inode) => {
                     c.inodes.insert(
                         ino,

@@ -25,14 +25,26 @@
 //! superblock, ends the check with that one finding: nothing further can be
 //! read safely, and nothing of it can be repaired.
 //!
+//! Encrypted volumes: with the passphrase ([`Access::Full`]) every pass
+//! runs as on a plain volume, reading through the volume's keys: a value
+//! that does not open, or a name in a key that does not decrypt, is a
+//! finding like a checksum failure (never data), repairs write sealed
+//! records under encrypted names, sizes come from sealed backing files,
+//! and every content block is opened (so every file is read once).
+//! Without it ([`Access::StructureOnly`]) only what needs no key is
+//! checked (see `structure`) and nothing is repaired.
+//!
 //! Exit codes follow e2fsck: 0 clean, 1 errors corrected, 4 errors left
 //! uncorrected, 8 operational error.
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use zeroize::Zeroizing;
+
+use crate::core::crypto::{Keyspace, SealedStore, VolumeKeys};
 use crate::core::error::describe_key;
 use crate::core::volume::{self, Layout, ROOT_INO, VolumeLock};
 use crate::format::dirent::{Dirent, IndexEntry, decode_marker, decode_symlink};
@@ -55,10 +67,18 @@ pub const EXIT_OPERATIONAL: i32 = 8;
 #[non_exhaustive]
 pub enum FsckError {
     #[error("volume {} is {who}: fsck checks unmounted volumes only", volume.display())]
-    InUse {
-        volume: std::path::PathBuf,
-        who: String,
-    },
+    InUse { volume: PathBuf, who: String },
+    #[error("wrong passphrase for volume {}", .0.display())]
+    WrongPassphrase(PathBuf),
+    /// The passphrase could not be had (unreadable file, no terminal...).
+    #[error("{0}")]
+    Passphrase(String),
+    #[error(
+        "volume {} is encrypted: repairing it needs its passphrase \
+         (give --passphrase-file FILE, set SAFS_PASSPHRASE_FILE, or run on a terminal)",
+        .0.display()
+    )]
+    RepairNeedsPassphrase(PathBuf),
     #[error(transparent)]
     Volume(#[from] volume::VolumeError),
     #[error(transparent)]
@@ -87,6 +107,9 @@ pub struct Report {
     /// The check stopped at the first finding: the volume cannot be read
     /// further, and `--repair` cannot help.
     pub unreadable: bool,
+    /// An encrypted volume checked without its passphrase: its structure
+    /// only, not its records, names or contents.
+    pub structure_only: bool,
 }
 
 impl Report {
@@ -103,6 +126,53 @@ impl Report {
 
 /// Progress callback: (phase, done, total).
 pub type Progress<'a> = &'a dyn Fn(&str, u64, u64);
+
+/// Gives the passphrase of an encrypted volume, or says why it cannot.
+pub type Passphrase<'a> = &'a dyn Fn() -> std::result::Result<Zeroizing<Vec<u8>>, String>;
+
+/// How much of an encrypted volume fsck may read. A plain volume is always
+/// checked in full.
+pub enum Access<'a> {
+    /// Everything: the passphrase is asked for only if the volume is
+    /// encrypted (after it is locked and its key record read).
+    Full(Passphrase<'a>),
+    /// The structure alone, without the passphrase; never repairs.
+    StructureOnly,
+}
+
+/// A record value as a pass sees it: opened, or refused by the volume's
+/// keys.
+type Value = std::result::Result<Vec<u8>, Unsealed>;
+
+/// A sealed value that does not open under the volume's keys.
+#[derive(Debug)]
+struct Unsealed;
+
+impl std::fmt::Display for Unsealed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("it does not open under the volume's keys: changed, moved or torn")
+    }
+}
+
+/// A `D` or `X` key whose name is shown encrypted (as stored).
+fn encrypted_name(key: &[u8]) -> String {
+    format!(
+        "{}/(a {}-byte encrypted name)",
+        describe_key(&key[..9]),
+        key.len() - 9
+    )
+}
+
+/// Decodes an opened value with `f`; either failure as one message.
+fn decoded<T, E: std::fmt::Display>(
+    v: &Value,
+    f: impl FnOnce(&[u8]) -> std::result::Result<T, E>,
+) -> std::result::Result<T, String> {
+    match v {
+        Ok(v) => f(v).map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
 
 /// What pass 1 keeps of each inode.
 struct Info {
@@ -122,7 +192,14 @@ struct Info {
 }
 
 struct Checker<'a> {
+    /// Reads and commits: sealing and opening values on encrypted volumes.
     store: &'a dyn MetaStore,
+    /// The engine itself: scans, whose values the passes open one by one
+    /// (a record that does not open must not hide the others).
+    raw: &'a dyn MetaStore,
+    keys: Option<Arc<VolumeKeys>>,
+    /// Where names live in keys (encrypted on encrypted volumes).
+    names: Keyspace,
     layout: Layout,
     repair: bool,
     report: Report,
@@ -144,19 +221,42 @@ impl Checker<'_> {
     }
 
     /// Streams every record with `prefix` in key order.
-    fn each(&mut self, prefix: u8, mut f: impl FnMut(&mut Self, Vec<u8>, Vec<u8>)) -> Result<()> {
+    fn each(&mut self, prefix: u8, mut f: impl FnMut(&mut Self, Vec<u8>, Value)) -> Result<()> {
         let (mut start, end) = keys::prefix_range(prefix);
         loop {
-            let page = self.store.scan(&start, &end, PAGE)?;
+            let page = self.raw.scan(&start, &end, PAGE)?;
             let n = page.len();
             for (k, v) in page {
                 start = k.clone();
+                let v = self.open(&k, v);
                 f(self, k, v);
             }
             if n < PAGE {
                 return Ok(());
             }
             start.push(0);
+        }
+    }
+
+    /// Opens a value as read from the engine.
+    fn open(&self, key: &[u8], value: Vec<u8>) -> Value {
+        match &self.keys {
+            None => Ok(value),
+            Some(k) => k.open_record(key, &value).map_err(|_| Unsealed),
+        }
+    }
+
+    /// A key as findings show it: names decrypted where they can be.
+    fn describe(&self, key: &[u8]) -> String {
+        let name = match key.first() {
+            _ if !self.names.is_encrypted() || key.len() < 9 => return describe_key(key),
+            Some(&keys::P_DIRENT) => self.names.entry_name(key),
+            Some(&keys::P_OVERFLOW) => self.names.xattr_name(key),
+            _ => return describe_key(key),
+        };
+        match name {
+            Ok(name) => describe_key(&[&key[..9], &name].concat()),
+            Err(_) => encrypted_name(key),
         }
     }
 
@@ -180,13 +280,28 @@ impl Checker<'_> {
     }
 }
 
+mod contents;
 mod entries;
 mod inodes;
+mod structure;
 mod sweep;
 mod xattrs;
 
-/// Checks (and with `repair`, repairs) the unmounted volume at `dir`.
-pub fn run(dir: &Path, repair: bool, progress: Progress<'_>) -> Result<Report> {
+/// The report of a check that cannot read past its one finding.
+fn unreadable(what: String) -> Report {
+    Report {
+        findings: vec![Finding {
+            what,
+            repaired: false,
+        }],
+        unreadable: true,
+        ..Report::default()
+    }
+}
+
+/// Checks (and with `repair`, repairs) the unmounted volume at `dir`,
+/// reading as much of an encrypted one as `access` allows.
+pub fn run(dir: &Path, access: Access<'_>, repair: bool, progress: Progress<'_>) -> Result<Report> {
     let layout = Layout::new(dir);
     if !layout.is_volume() {
         return Err(volume::VolumeError::NotAVolume(dir.to_path_buf()).into());
@@ -203,30 +318,69 @@ pub fn run(dir: &Path, repair: bool, progress: Progress<'_>) -> Result<Report> {
         Err(
             e @ (volume::VolumeError::Meta(MetaError::Damaged { .. })
             | volume::VolumeError::CorruptSuperblock(_)),
-        ) => {
-            return Ok(Report {
-                findings: vec![Finding {
-                    what: e.to_string(),
-                    repaired: false,
-                }],
-                unreadable: true,
-                ..Report::default()
-            });
+        ) => return Ok(unreadable(e.to_string())),
+        Err(e) => return Err(e.into()),
+    };
+    if !sb.is_encrypted() {
+        return check_store(store, None, &layout, sb.inline_bytes, repair, progress);
+    }
+    let ask = match access {
+        Access::StructureOnly if repair => {
+            return Err(FsckError::RepairNeedsPassphrase(dir.to_path_buf()));
+        }
+        Access::StructureOnly => None,
+        Access::Full(ask) => Some(ask),
+    };
+    // Unlocking needs the key record: without it nothing sealed is
+    // readable, with or without the passphrase.
+    let record = match volume::key_record(store.as_ref(), &sb) {
+        Ok(record) => record,
+        Err(e @ (volume::VolumeError::NoKeyRecord | volume::VolumeError::Crypto(_))) => {
+            return Ok(unreadable(e.to_string()));
         }
         Err(e) => return Err(e.into()),
     };
-    check_store(store, &layout, sb.inline_bytes, repair, progress)
+    let Some(ask) = ask else {
+        return structure::check(store.as_ref(), &layout, progress);
+    };
+    let passphrase = ask().map_err(FsckError::Passphrase)?;
+    let master = record.unwrap(&passphrase, &sb.uuid).map_err(|e| match e {
+        crate::core::crypto::CryptoError::WrongPassphrase => {
+            FsckError::WrongPassphrase(dir.to_path_buf())
+        }
+        e => volume::VolumeError::Crypto(e).into(),
+    })?;
+    let keys = volume::keys_for(&master, &sb);
+    check_store(
+        store,
+        Some(keys),
+        &layout,
+        sb.inline_bytes,
+        repair,
+        progress,
+    )
 }
 
 fn check_store(
-    store: Arc<dyn MetaStore>,
+    raw: Arc<dyn MetaStore>,
+    keys: Option<Arc<VolumeKeys>>,
     layout: &Layout,
     budget: u32,
     repair: bool,
     progress: Progress<'_>,
 ) -> Result<Report> {
+    let (store, names): (Arc<dyn MetaStore>, Keyspace) = match &keys {
+        Some(k) => (
+            Arc::new(SealedStore::new(Arc::clone(&raw), Arc::clone(k))),
+            Keyspace::encrypted(Arc::clone(k)),
+        ),
+        None => (Arc::clone(&raw), Keyspace::plain()),
+    };
     let mut c = Checker {
         store: store.as_ref(),
+        raw: raw.as_ref(),
+        keys,
+        names,
         layout: Layout::new(&layout.root),
         repair,
         report: Report::default(),
@@ -235,8 +389,9 @@ fn check_store(
         lost_found: None,
         unclean: false,
     };
-    c.unclean = match c.store.get(keys::MOUNT_STATE)? {
-        Some(rec) => match crate::format::superblock::MountState::decode(&rec) {
+    let mount_state = c.raw.get(keys::MOUNT_STATE)?;
+    c.unclean = match mount_state.map(|rec| c.open(keys::MOUNT_STATE, rec)) {
+        Some(v) => match decoded(&v, crate::format::superblock::MountState::decode) {
             Ok(m) => !m.clean,
             Err(e) => {
                 c.find(format!("mount state record unreadable ({e})"), true);

@@ -8,7 +8,6 @@ impl Checker<'_> {
     /// Compares counts with inodes, markers with link counts, backing files
     /// with sizes.
     pub(super) fn sweep(&mut self) -> Result<()> {
-        let data = self.layout.data();
         let inos: Vec<u64> = self.inodes.keys().copied().collect();
         let mut lost = Vec::new();
         for ino in inos {
@@ -41,11 +40,10 @@ impl Checker<'_> {
                 self.report.recovered += 1;
                 if self.repair {
                     self.delete(&keys::writing(ino));
-                    if let Ok(m) =
-                        std::fs::metadata(data.join(format!("{:02x}/{ino:016x}", ino & 0xff)))
-                    {
-                        if m.size() != i.size {
-                            i.size = m.size();
+                    if let Ok(m) = std::fs::metadata(self.backing_path(ino)) {
+                        let size = self.backing_size(ino, m.size())?;
+                        if size != i.size {
+                            i.size = size;
                             i.blocks = m.blocks();
                             info.dirty = true;
                         }
@@ -110,36 +108,41 @@ impl Checker<'_> {
                 self.find(format!("symlink {ino}: target missing"), false);
             }
             if i.is_reg() && !info.writer_marker {
-                let path = data.join(format!("{:02x}/{ino:016x}", ino & 0xff));
-                match std::fs::metadata(&path) {
-                    Ok(m) if m.size() != i.size => {
-                        if self.unclean {
-                            self.report.recovered += 1;
-                        } else {
+                match std::fs::metadata(self.backing_path(ino)) {
+                    Ok(m) => {
+                        let size = self.backing_size(ino, m.size())?;
+                        if size != i.size {
+                            if self.unclean {
+                                self.report.recovered += 1;
+                            } else {
+                                self.find(
+                                    format!(
+                                        "file {ino}: size {} but its backing file holds {size}",
+                                        i.size
+                                    ),
+                                    true,
+                                );
+                            }
+                            i.size = size;
+                            i.blocks = m.blocks();
+                            info.dirty = true;
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        if i.size > 0 {
                             self.find(
-                                format!(
-                                    "file {ino}: size {} but its backing file holds {}",
-                                    i.size,
-                                    m.size()
-                                ),
-                                true,
+                                format!("file {ino}: backing file missing ({} bytes lost)", i.size),
+                                false,
                             );
                         }
-                        i.size = m.size();
-                        i.blocks = m.blocks();
-                        info.dirty = true;
                     }
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound && i.size > 0 => {
-                        self.find(
-                            format!("file {ino}: backing file missing ({} bytes lost)", i.size),
-                            false,
-                        );
-                    }
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(e) => {
                         self.find(format!("file {ino}: backing file unreadable: {e}"), false);
                     }
-                    _ => {}
                 }
+            }
+            if i.is_reg() {
+                self.open_blocks(ino);
             }
             if info.dirty {
                 let k = keys::inode(ino);
@@ -150,7 +153,7 @@ impl Checker<'_> {
         }
         for ino in lost {
             self.find(format!("inode {ino} has no name"), true);
-            self.link_into_lost_found(ino)?;
+            self.link_into_lost_found(ino);
         }
         self.sweep_backing()?;
         Ok(())
@@ -168,17 +171,14 @@ impl Checker<'_> {
         }
         if inode.overflow > 0 {
             let (s, e) = keys::ino_range(keys::P_OVERFLOW, ino);
-            if let Ok(recs) = self.store.scan(&s, &e, usize::MAX) {
+            // Keys only: the engine's own scan, which opens no value.
+            if let Ok(recs) = self.raw.scan(&s, &e, usize::MAX) {
                 for (k, _) in recs {
                     self.writes.push((k, None));
                 }
             }
         }
-        let _ = std::fs::remove_file(
-            self.layout
-                .data()
-                .join(format!("{:02x}/{ino:016x}", ino & 0xff)),
-        );
+        let _ = std::fs::remove_file(self.backing_path(ino));
     }
 
     pub(super) fn next_ino_floor(&self) -> u64 {
@@ -250,6 +250,10 @@ impl Checker<'_> {
             }
             Err(volume::VolumeError::CorruptCounters(e)) => {
                 self.find(format!("counters record unreadable ({e})"), true);
+                self.put(keys::COUNTERS, fresh.encode());
+            }
+            Err(volume::VolumeError::Meta(MetaError::Sealed(_))) => {
+                self.find(format!("counters record unreadable ({Unsealed})"), true);
                 self.put(keys::COUNTERS, fresh.encode());
             }
             Err(volume::VolumeError::NoCounters) => {

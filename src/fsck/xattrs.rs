@@ -7,15 +7,17 @@ impl Checker<'_> {
     pub(super) fn pass_attachments(&mut self) -> Result<()> {
         self.each(keys::P_SPILL, |c, k, v| {
             let ino = keys::key_ino(&k).unwrap_or(0);
-            let decoded = open(&k, Kind::Spill, &v)
-                .map_err(|e| e.to_string())
-                .and_then(|p| XattrSet::decode(p).map_err(|e| e.to_string()));
+            let set = decoded(&v, |v| {
+                open(&k, Kind::Spill, v)
+                    .map_err(|e| e.to_string())
+                    .and_then(|p| XattrSet::decode(p).map_err(|e| e.to_string()))
+            });
             let Some(info) = c.inodes.get_mut(&ino) else {
                 c.find(format!("spill record of missing inode {ino}"), true);
                 c.delete(&k);
                 return;
             };
-            match decoded {
+            match set {
                 Ok(set) => {
                     info.has_spill = true;
                     let wrong_size = info.inode.spill_len as usize != set.packed_len();
@@ -51,32 +53,33 @@ impl Checker<'_> {
         })?;
         self.each(keys::P_OVERFLOW, |c, k, v| {
             let ino = keys::key_ino(&k).unwrap_or(0);
-            let ok = open(&k, Kind::Overflow, &v).is_ok();
-            let Some(info) = c.inodes.get_mut(&ino) else {
-                c.find(
-                    format!("overflow xattr {} of a missing inode", describe_key(&k)),
-                    true,
-                );
+            let shown = c.describe(&k);
+            if !c.inodes.contains_key(&ino) {
+                c.find(format!("overflow xattr {shown} of a missing inode"), true);
                 c.delete(&k);
                 return;
+            }
+            let readable = match c.names.xattr_name(&k) {
+                Err(_) => Err("its name does not decrypt: changed or moved".to_string()),
+                Ok(_) => decoded(&v, |v| open(&k, Kind::Overflow, v).map(|_| ())),
             };
-            if ok {
-                info.overflow_seen += 1;
-                c.report.xattr_records += 1;
-            } else {
-                c.find(
-                    format!(
-                        "overflow xattr {}: unreadable; it is lost",
-                        describe_key(&k)
-                    ),
-                    true,
-                );
-                c.delete(&k);
+            match readable {
+                Ok(()) => {
+                    c.inodes.get_mut(&ino).expect("checked").overflow_seen += 1;
+                    c.report.xattr_records += 1;
+                }
+                Err(e) => {
+                    c.find(
+                        format!("overflow xattr {shown}: unreadable ({e}); it is lost"),
+                        true,
+                    );
+                    c.delete(&k);
+                }
             }
         })?;
         self.each(keys::P_SYMLINK, |c, k, v| {
             let ino = keys::key_ino(&k).unwrap_or(0);
-            let ok = decode_symlink(&k, &v).is_ok();
+            let ok = decoded(&v, |v| decode_symlink(&k, v)).is_ok();
             match c.inodes.get_mut(&ino) {
                 Some(info) if info.inode.is_symlink() && ok => info.has_symlink = true,
                 Some(info) if info.inode.is_symlink() => {
@@ -95,7 +98,7 @@ impl Checker<'_> {
         for prefix in [keys::P_ORPHAN, keys::P_WRITING] {
             self.each(prefix, |c, k, v| {
                 let ino = keys::key_ino(&k).unwrap_or(0);
-                let ok = decode_marker(&k, &v).is_ok();
+                let ok = decoded(&v, |v| decode_marker(&k, v)).is_ok();
                 match c.inodes.get_mut(&ino) {
                     Some(info) if ok => {
                         if prefix == keys::P_ORPHAN {
@@ -106,7 +109,7 @@ impl Checker<'_> {
                     }
                     _ => {
                         c.find(
-                            format!("stray or unreadable marker {}", describe_key(&k)),
+                            format!("stray or unreadable marker {}", c.describe(&k)),
                             true,
                         );
                         c.delete(&k);
