@@ -17,8 +17,9 @@
 //! - sets link counts, spill sizes, overflow counts and the counters to what
 //!   the records say; links named inodes that lost every name into
 //!   `/lost+found`;
-//! - takes a file's size from its backing file when they disagree, and
-//!   deletes backing files that belong to no inode.
+//! - takes a file's size from its backing file when they disagree (on an
+//!   encrypted volume first cutting a torn length to its whole blocks),
+//!   and deletes backing files that belong to no inode.
 //!
 //! Before any of that, opening the store checks the engine's own page
 //! structure (`meta::lmdb::verify`); damage there, or an unreadable

@@ -179,8 +179,11 @@ fn backing_files(s: &mut Structure, layout: &Layout, inodes: &BTreeSet<u64>) {
                 continue;
             };
             if !inodes.contains(&ino) {
+                // Without the mount state (sealed) a leftover of an
+                // unclean stop cannot be told from damage: both are said.
                 s.find(format!(
-                    "backing file {} belongs to no inode",
+                    "backing file {} belongs to no inode (damage, or a file whose creation \
+                     an unclean stop cut short)",
                     path.display()
                 ));
             }
@@ -189,7 +192,8 @@ fn backing_files(s: &mut Structure, layout: &Layout, inodes: &BTreeSet<u64>) {
                     s.find(format!("backing file {} is not a file", path.display()));
                 }
                 Ok(m) if plain_len(m.size()).is_none() => s.find(format!(
-                    "backing file {}: length {} is no whole number of sealed blocks",
+                    "backing file {}: length {} is no whole number of sealed blocks \
+                     (damage, or an extension torn by a crash)",
                     path.display(),
                     m.size()
                 )),
