@@ -115,6 +115,9 @@ pub struct PhaseSpec<'s> {
     pub ops: u64,
     pub reps: usize,
     pub cold: bool,
+    /// Before each repetition, drop only the kernel's caches: a FUSE
+    /// daemon keeps its own (what a daemon-side cache is measured by).
+    pub kernel_cold: bool,
 }
 
 impl<'s> PhaseSpec<'s> {
@@ -124,6 +127,16 @@ impl<'s> PhaseSpec<'s> {
             ops,
             reps,
             cold,
+            kernel_cold: false,
+        }
+    }
+
+    /// The same phase with the kernel's caches dropped before each
+    /// repetition (and nothing else).
+    pub fn kernel_cold(self) -> Self {
+        PhaseSpec {
+            kernel_cold: true,
+            ..self
         }
     }
 }
@@ -192,6 +205,17 @@ impl Ctx<'_> {
         Ok(())
     }
 
+    /// `sync` and drop the kernel's caches, leaving every daemon running;
+    /// `Na` when this run cannot (not root).
+    pub fn drop_kernel_caches(&self) -> Result<(), Fail> {
+        if !self.cold_env.is_root {
+            return Err(Fail::Na("dropping the kernel's caches needs root".into()));
+        }
+        self.progress.phase("dropping the kernel's caches", 0);
+        target::drop_kernel_caches()?;
+        Ok(())
+    }
+
     /// Runs one phase (all its repetitions) into `m`. Returns whether it
     /// completed; on `Na` the measurement carries the error.
     pub fn phase(
@@ -206,6 +230,8 @@ impl Ctx<'_> {
             let mut run = || -> Result<Rep, Fail> {
                 if spec.cold {
                     self.make_cold(t)?;
+                } else if spec.kernel_cold {
+                    self.drop_kernel_caches()?;
                 }
                 let label = if spec.reps > 1 {
                     format!("{} ({}/{})", spec.label, rep + 1, spec.reps)

@@ -5,9 +5,12 @@
 //! Per N, in a fresh directory: `create` (open O_CREAT|O_EXCL + close, as
 //! `touch` does), `ls -Al` (best of `--reps`; the first repetition follows
 //! the creates, later ones list an unchanged directory — their requests
-//! show whether a repeated listing costs a round trip per entry), `remove`
-//! (unlink each). All figures are µs per file. T8 runs the same phases at
-//! the pefs post's own sizes, with coreutils' `ls -Al` beside the loop.
+//! show whether a repeated listing costs a round trip per entry), the same
+//! listing with the kernel's caches dropped before each repetition (on a
+//! FUSE target every name and attribute comes from the daemon then, whose
+//! own caches stay — the listing a daemon's directory cache serves), and
+//! `remove` (unlink each). All figures are µs per file. T8 runs the same
+//! phases at the pefs post's own sizes, with coreutils' `ls -Al` beside.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -15,13 +18,15 @@ use std::time::Instant;
 
 use super::ops::{self, cpath, na};
 use super::record::Unit;
-use super::{Fail, PhaseSpec, Step, Timed, prepared, skipped, timed_each};
+use super::{Ctx, Fail, PhaseSpec, Step, Timed, prepared, skipped, timed_each};
 
 pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
     let ctx = s.ctx;
     dir_sizes(s, &ctx.sizes.t5_counts, false)
 }
 
+/// The row of the listing after the kernel's caches were dropped.
+pub const LS_KERNEL_COLD: &str = "ls -Al (kernel caches cold)";
 /// The row of coreutils' `ls -Al` (T8).
 pub const LS_PROGRAM: &str = "ls -Al (coreutils)";
 
@@ -31,14 +36,20 @@ pub fn dir_sizes(s: &mut Step<'_>, counts: &[usize], coreutils: bool) -> anyhow:
     let (ctx, t) = (s.ctx, s.t);
     let reps = ctx.cfg.reps;
     for &n in counts {
-        let [mut create, mut ls, mut ls_prog, mut remove] =
-            ["create", "ls -Al", LS_PROGRAM, "remove"]
+        let [mut create, mut ls, mut ls_cold, mut ls_prog, mut remove] =
+            ["create", "ls -Al", LS_KERNEL_COLD, LS_PROGRAM, "remove"]
                 .map(|c| s.row(c, Some(n as u64), Unit::UsPerOp));
         let d = s.dir.join(format!("n{n}"));
         let paths = ops::names(&d, "test-", n);
         let ready = prepared(
             ops::mkdirs(&d),
-            &mut [&mut create, &mut ls, &mut ls_prog, &mut remove],
+            &mut [
+                &mut create,
+                &mut ls,
+                &mut ls_cold,
+                &mut ls_prog,
+                &mut remove,
+            ],
         )?;
         if ready.is_some() {
             let spec = |l, reps| PhaseSpec::new(l, n as u64, reps, false);
@@ -52,8 +63,7 @@ pub fn dir_sizes(s: &mut Step<'_>, counts: &[usize], coreutils: bool) -> anyhow:
             if created {
                 let cd = cpath(&d);
                 let mut buf = Vec::with_capacity(64 * 1024);
-                let l = s.label(&format!("ls -Al {n}"));
-                ctx.phase(t, &mut ls, spec(&l, reps), |ctx| {
+                let mut list = |ctx: &Ctx<'_>| -> Result<Timed, Fail> {
                     ctx.check_stop()?;
                     let start = Instant::now();
                     let seen = ops::ls_al(&cd, &mut buf).map_err(|e| na(e, "ls -Al", 0, 1))?;
@@ -62,7 +72,12 @@ pub fn dir_sizes(s: &mut Step<'_>, counts: &[usize], coreutils: bool) -> anyhow:
                         return Err(Fail::Na(format!("ls saw {seen} entries, not {n}")));
                     }
                     Ok(Timed::of(elapsed))
-                })?;
+                };
+                let l = s.label(&format!("ls -Al {n}"));
+                ctx.phase(t, &mut ls, spec(&l, reps), &mut list)?;
+                let l = s.label(&format!("{LS_KERNEL_COLD} {n}"));
+                let cold = PhaseSpec::new(&l, n as u64, reps, false).kernel_cold();
+                ctx.phase(t, &mut ls_cold, cold, &mut list)?;
                 if coreutils {
                     let l = s.label(&format!("{LS_PROGRAM} {n}"));
                     let spec = PhaseSpec::new(&l, n as u64, reps, false);
@@ -77,11 +92,12 @@ pub fn dir_sizes(s: &mut Step<'_>, counts: &[usize], coreutils: bool) -> anyhow:
                 })?;
             } else {
                 skipped(&mut ls, &create);
+                skipped(&mut ls_cold, &create);
                 skipped(&mut ls_prog, &create);
                 skipped(&mut remove, &create);
             }
         }
-        let mut rows = vec![create, ls];
+        let mut rows = vec![create, ls, ls_cold];
         if coreutils {
             rows.push(ls_prog);
         }

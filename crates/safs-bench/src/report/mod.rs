@@ -383,7 +383,13 @@ pub fn markdown(r: &Results) -> String {
             let _ = writeln!(s, "| {} |", row.join(" | "));
         }
         if matches!(test, Test::T5 | Test::T8) {
-            for case in ["create", "ls -Al", crate::t5::LS_PROGRAM, "remove"] {
+            for case in [
+                "create",
+                "ls -Al",
+                crate::t5::LS_KERNEL_COLD,
+                crate::t5::LS_PROGRAM,
+                "remove",
+            ] {
                 let ps = tb.params(case);
                 let (Some(Some(lo)), Some(Some(hi))) = (ps.first(), ps.last()) else {
                     continue;
@@ -488,12 +494,16 @@ fn sizes_line(test: Test, z: &crate::config::Sizes) -> String {
             z.t3_files, z.t3_metadata_bytes, z.t3_reads
         ),
         Test::T4 => format!("{} clients, {} s per run.", z.t4_clients, z.t4_seconds),
-        Test::T5 => "N files per directory, as in each row.".into(),
+        Test::T5 => "N files per directory, as in each row. `ls -Al (kernel caches cold)` is \
+                     the same listing after sync and drop_caches — no remount: a FUSE daemon \
+                     keeps its own caches, which then answer every name and attribute."
+            .into(),
         Test::T6 => format!("{} files of 4 KiB.", z.t6_files),
         Test::T7 => format!("{} calls per repetition.", z.t7_calls),
         Test::T8 => "N files per directory, as in each row. `ls -Al` is the loop of T5 \
-                     (readdir, then lstat of each entry); `ls -Al (coreutils)` is the program \
-                     itself, per entry, with its process start and two xattr probes per entry."
+                     (readdir, then lstat of each entry), also with the kernel's caches dropped \
+                     (not the daemon's); `ls -Al (coreutils)` is the program itself, per entry, \
+                     with its process start and two xattr probes per entry."
             .into(),
         Test::T9 => format!(
             "One file of {} MiB: written in 1 MiB writes then fsync'd (timed together); read \
