@@ -208,7 +208,7 @@ impl DirCache {
     /// Whether `dir` is known to have no entries.
     pub fn is_empty(&mut self, dir: u64) -> Option<bool> {
         let v = self.views.get(&dir)?;
-        v.complete.then(|| v.names.is_empty())
+        v.complete.then_some(v.names.is_empty())
     }
 
     /// Entries after cookie `after`, at most `limit`, if the view has the
