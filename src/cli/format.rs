@@ -1,9 +1,17 @@
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 
-use safs::core::volume::{self, DEFAULT_INLINE_BYTES, FormatOptions, MAX_INLINE_BYTES};
+use safs::core::crypto::{KdfParams, tune_kdf};
+use safs::core::volume::{self, DEFAULT_INLINE_BYTES, Encryption, FormatOptions, MAX_INLINE_BYTES};
+
+use super::passphrase;
+
+/// How long deriving the key from a passphrase takes on this machine: the
+/// cost of every guess at it.
+pub const KDF_TARGET: Duration = Duration::from_millis(500);
 
 #[derive(Args, Debug)]
 pub struct FormatArgs {
@@ -16,15 +24,41 @@ pub struct FormatArgs {
     /// contents are destroyed; refused while the volume is mounted).
     #[arg(long)]
     pub force: bool,
+    /// Encrypt the volume: names, metadata records, xattrs and file
+    /// contents, under a random key that a passphrase unlocks (asked for
+    /// twice on the terminal unless --passphrase-file is given).
+    #[arg(long)]
+    pub encrypt: bool,
+    /// Read the new volume's passphrase from FILE (its whole contents but
+    /// one trailing newline) instead of the terminal; also taken from the
+    /// environment variable SAFS_PASSPHRASE_FILE.
+    #[arg(long, value_name = "FILE", requires = "encrypt")]
+    pub passphrase_file: Option<PathBuf>,
+    /// Cheap key derivation, for tests only.
+    #[arg(long, hide = true, requires = "encrypt")]
+    pub kdf_testing: bool,
 }
 
 pub fn run(a: FormatArgs) -> anyhow::Result<()> {
+    // The passphrase first: a mistyped one leaves nothing behind.
+    let encryption = if a.encrypt {
+        let passphrase = passphrase::new(a.passphrase_file.as_deref(), "new volume passphrase")?;
+        let kdf = if a.kdf_testing {
+            KdfParams::TESTING
+        } else {
+            tune_kdf(KDF_TARGET)
+        };
+        Some(Encryption { passphrase, kdf })
+    } else {
+        None
+    };
+    let kdf = encryption.as_ref().map(|e| e.kdf);
     let opts = FormatOptions {
         inline_bytes: a.inline_xattr_bytes,
         force: a.force,
         uid: nix::unistd::getuid().as_raw(),
         gid: nix::unistd::getgid().as_raw(),
-        encryption: None,
+        encryption,
     };
     let sb = volume::format(&a.volume, &opts)
         .with_context(|| format!("cannot format {}", a.volume.display()))?;
@@ -35,5 +69,8 @@ pub fn run(a: FormatArgs) -> anyhow::Result<()> {
         sb.format_version,
         sb.inline_bytes
     );
+    if let Some(kdf) = kdf {
+        println!("encrypted: {}", super::info::describe_encryption(&kdf));
+    }
     Ok(())
 }

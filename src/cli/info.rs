@@ -5,6 +5,7 @@ use clap::Args;
 
 use safs::control::Health;
 use safs::control::StatsReply;
+use safs::core::crypto::{BLOCK, KdfParams};
 use safs::core::volume::{self, Layout, VolumeLock};
 
 #[derive(Args, Debug)]
@@ -111,6 +112,19 @@ fn print_health(h: &Health) {
     }
 }
 
+/// What protects an encrypted volume whose key record says `kdf`: one
+/// line for `safs info` and `safs format`.
+pub fn describe_encryption(kdf: &KdfParams) -> String {
+    format!(
+        "names AES-256-SIV, records AES-256-GCM-SIV, contents AES-256-GCM in {} KiB blocks; \
+         passphrase Argon2id m={} KiB t={} p={}",
+        BLOCK / 1024,
+        kdf.m_kib,
+        kdf.t,
+        kdf.p
+    )
+}
+
 /// The volume mounted at `mnt`, from /proc/self/mountinfo.
 pub fn volume_of_mount(mnt: &Path) -> Option<PathBuf> {
     volume::volume_of_mount(&std::fs::canonicalize(mnt).ok()?)
@@ -130,18 +144,36 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     }
     let (store, sb) = volume::open_store(&vol)
         .with_context(|| format!("cannot open volume {}", vol.display()))?;
-    let counters = volume::read_counters(store.as_ref())?;
     println!("volume:         {}", vol.display());
-    if let Some(m) = mountpoint {
+    if let Some(m) = &mountpoint {
         println!("mountpoint:     {}", m.display());
     }
     println!("uuid:           {}", uuid::Uuid::from_bytes(sb.uuid));
     println!("format version: {}", sb.format_version);
     println!("inline xattrs:  {} bytes per inode", sb.inline_bytes);
-    println!(
-        "inodes:         {} (next inode number {})",
-        counters.inodes, counters.next_ino
-    );
+    if sb.is_encrypted() {
+        // The key record is readable without the passphrase; the counters
+        // record is sealed (the daemon's statfs counts inodes).
+        let rec = volume::key_record(store.as_ref(), &sb)
+            .with_context(|| format!("cannot read the key record of {}", vol.display()))?;
+        println!("encryption:     {}", describe_encryption(&rec.kdf));
+        match mountpoint.or_else(|| volume::mountpoint_of(&vol)) {
+            Some(m) => println!(
+                "inodes:         (sealed on disk; `df -i {}` counts them)",
+                m.display()
+            ),
+            None => {
+                println!("inodes:         (sealed on disk; `df -i` on its mountpoint counts them)")
+            }
+        }
+    } else {
+        let counters = volume::read_counters(store.as_ref())?;
+        println!("encryption:     none");
+        println!(
+            "inodes:         {} (next inode number {})",
+            counters.inodes, counters.next_ino
+        );
+    }
     println!("metadata size:  {} bytes", store.disk_bytes());
     if VolumeLock::is_held(&vol) {
         let pid = VolumeLock::holder_pid(&vol);

@@ -129,6 +129,7 @@ pub fn run_mount_helper(args: Vec<String>) -> anyhow::Result<()> {
         mountpoint: PathBuf::from(mountpoint),
         foreground: false,
         options,
+        passphrase_file: None,
         daemon_child: false,
     })
 }

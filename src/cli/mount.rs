@@ -5,8 +5,13 @@
 //! failed (its error is printed, exit 1) — like mount(8). The child logs to
 //! `<volume>/safs.log`. `umount`, `fusermount3 -u`, SIGTERM, SIGINT and
 //! SIGHUP all end the session; the final batch is committed before exit.
+//!
+//! An encrypted volume is unlocked by the command the user ran, before
+//! anything writes to the volume, so that a wrong passphrase is reported
+//! there and changes nothing. The daemon child gets the master key on a
+//! pipe on its stdin — never in its arguments, environment or a file.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -18,6 +23,9 @@ use safs::core::volume::{self, Layout, VolumeLock};
 use safs::core::{Atime, AtimeMode, Fs, Options};
 use safs::fuse::DataPath;
 use safs::fuse::session::{Session, SessionOptions, set_mount_flags};
+use zeroize::Zeroizing;
+
+use super::passphrase;
 
 const READY: &str = "SAFS-READY";
 
@@ -33,9 +41,17 @@ pub struct MountArgs {
     /// Mount options, comma-separated: allow_other, ro, sync, dirsync,
     /// passthrough, nopassthrough, nonempty, dev, suid, noexec,
     /// nosymfollow, relatime (default), noatime, strictatime, nodiratime,
-    /// commit_ms=N, threads=N, cache_mb=N (inode cache budget, default 256).
+    /// commit_ms=N, threads=N, cache_mb=N (inode cache budget, default 256),
+    /// passphrase_file=FILE (the passphrase of an encrypted volume, e.g.
+    /// in /etc/fstab; encrypted volumes refuse passthrough).
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
+    /// Read the passphrase of an encrypted volume from FILE (its whole
+    /// contents but one trailing newline) instead of asking on the
+    /// terminal; also taken from the environment variable
+    /// SAFS_PASSPHRASE_FILE.
+    #[arg(long, value_name = "FILE")]
+    pub passphrase_file: Option<PathBuf>,
     #[arg(long, hide = true)]
     pub daemon_child: bool,
 }
@@ -56,6 +72,7 @@ struct MountOpts {
     commit_ms: u64,
     threads: usize,
     cache_mb: u64,
+    passphrase_file: Option<PathBuf>,
 }
 
 impl MountOpts {
@@ -96,6 +113,7 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
         commit_ms: 5,
         threads: 4,
         cache_mb: 256,
+        passphrase_file: None,
     };
     for opt in raw
         .iter()
@@ -156,6 +174,10 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
                     bail!("threads must be 1..=64");
                 }
             }
+            "passphrase_file" => match val {
+                Some(f) if !f.is_empty() => o.passphrase_file = Some(PathBuf::from(f)),
+                _ => bail!("option passphrase_file needs a file name (passphrase_file=FILE)"),
+            },
             "mand" => bail!("option mand: mandatory locks are not supported by Linux (since 5.15)"),
             "iversion" => bail!("option iversion: safs keeps no inode version counter"),
             k if k.ends_with("context") => {
@@ -248,6 +270,12 @@ fn clear_dead_mount(volume: &Path, mnt: &Path) -> anyhow::Result<()> {
 
 pub fn run(a: MountArgs) -> anyhow::Result<()> {
     let opts = parse_options(&a.options)?;
+    let file = match (&a.passphrase_file, &opts.passphrase_file) {
+        (Some(_), Some(_)) => {
+            bail!("give the passphrase file once: --passphrase-file or -o passphrase_file=")
+        }
+        (flag, option) => flag.as_deref().or(option.as_deref()),
+    };
     let volume = std::fs::canonicalize(&a.volume)
         .with_context(|| format!("volume {} does not exist", a.volume.display()))?;
     if !Layout::new(&volume).is_volume() {
@@ -256,27 +284,92 @@ pub fn run(a: MountArgs) -> anyhow::Result<()> {
             volume.display()
         );
     }
+    // "Already mounted" before any passphrase prompt. Looking at the lock
+    // writes nothing; taking it (below) writes the lock file.
+    if VolumeLock::is_held(&volume) {
+        check_free(&volume)?;
+    }
+    // The daemon child has its key from this process (see spawn_daemon).
+    let master = if a.daemon_child {
+        None
+    } else {
+        unlock(&volume, &opts, file)?
+    };
     // Fail fast, in the caller, when another daemon serves the volume (and
     // wait here if that daemon was just unmounted and is finishing).
+    check_free(&volume)?;
+    check_mountpoint(&volume, &a.mountpoint, opts.nonempty)?;
+    let mountpoint = std::fs::canonicalize(&a.mountpoint)?;
+    if a.foreground || a.daemon_child {
+        serve(&volume, &mountpoint, &opts, a.daemon_child, master)
+    } else {
+        spawn_daemon(&volume, &mountpoint, &a.options, master.as_ref())
+    }
+}
+
+/// Fails, saying who holds it, when the volume's lock is held (waiting
+/// first if its holder is a daemon finishing after an unmount).
+fn check_free(volume: &Path) -> anyhow::Result<()> {
     drop(
-        VolumeLock::acquire(&Layout::new(&volume)).map_err(|e| match e {
+        VolumeLock::acquire(&Layout::new(volume)).map_err(|e| match e {
             volume::VolumeError::Busy(who) => {
                 anyhow::anyhow!("volume {} is {who}", volume.display())
             }
             e => e.into(),
         })?,
     );
-    check_mountpoint(&volume, &a.mountpoint, opts.nonempty)?;
-    let mountpoint = std::fs::canonicalize(&a.mountpoint)?;
-    if a.foreground || a.daemon_child {
-        serve(&volume, &mountpoint, &opts, a.daemon_child)
-    } else {
-        spawn_daemon(&volume, &mountpoint, &a.options)
-    }
+    Ok(())
 }
 
-/// Starts the daemon child and waits for its verdict.
-fn spawn_daemon(volume: &Path, mountpoint: &Path, options: &[String]) -> anyhow::Result<()> {
+/// The master key of an encrypted volume (`None` for a plain one), asked
+/// of its passphrase. Reads only: a wrong passphrase changes nothing.
+fn unlock(
+    volume: &Path,
+    o: &MountOpts,
+    file: Option<&Path>,
+) -> anyhow::Result<Option<Zeroizing<[u8; 32]>>> {
+    let (store, sb) = volume::open_store(volume)
+        .with_context(|| format!("cannot open volume {}", volume.display()))?;
+    if !sb.is_encrypted() {
+        if let Some(f) = file {
+            bail!(
+                "volume {} is not encrypted: it takes no passphrase (drop the passphrase file {})",
+                volume.display(),
+                f.display()
+            );
+        }
+        return Ok(None);
+    }
+    if o.data_path == DataPath::Passthrough {
+        bail!(
+            "encrypted volumes cannot use passthrough: the kernel would read the sealed \
+             blocks as they lie on disk; mount {} without -o passthrough (contents then \
+             go through the daemon)",
+            volume.display()
+        );
+    }
+    passphrase::unlock(store.as_ref(), &sb, file, volume).map(Some)
+}
+
+/// The daemon child's master key: the 32 bytes its parent wrote on its
+/// stdin. Read unbuffered, so that no copy stays in stdin's buffer.
+fn key_from_parent() -> anyhow::Result<Zeroizing<[u8; 32]>> {
+    use std::os::fd::AsFd;
+    let mut pipe = std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned()?);
+    let mut key = Zeroizing::new([0u8; 32]);
+    pipe.read_exact(key.as_mut())
+        .context("the volume key did not arrive from the mounting process")?;
+    Ok(key)
+}
+
+/// Starts the daemon child, hands it the master key of an encrypted
+/// volume, and waits for its verdict.
+fn spawn_daemon(
+    volume: &Path,
+    mountpoint: &Path,
+    options: &[String],
+    master: Option<&Zeroizing<[u8; 32]>>,
+) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("cannot find the safs executable")?;
     let mut cmd = Command::new(exe);
     cmd.arg("mount")
@@ -287,11 +380,21 @@ fn spawn_daemon(volume: &Path, mountpoint: &Path, options: &[String]) -> anyhow:
         cmd.arg("-o").arg(o);
     }
     let mut child = cmd
-        .stdin(Stdio::null())
+        .stdin(if master.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .context("cannot start the safs daemon")?;
+    if let Some(key) = master {
+        let mut pipe = child.stdin.take().expect("piped");
+        // 32 bytes fit in the pipe's buffer. A child that failed before
+        // reading them says why on stderr, read below.
+        let _ = pipe.write_all(key.as_ref());
+    }
     let stdout = child.stdout.take().expect("piped");
     let mut stderr = child.stderr.take().expect("piped");
     for line in BufReader::new(stdout).lines() {
@@ -339,6 +442,7 @@ fn serve(
     mountpoint: &Path,
     o: &MountOpts,
     daemon_child: bool,
+    master: Option<Zeroizing<[u8; 32]>>,
 ) -> anyhow::Result<()> {
     let layout = Layout::new(volume);
     if daemon_child {
@@ -351,6 +455,11 @@ fn serve(
     }
     let mut lock = VolumeLock::acquire(&layout)?;
     let (engine, sb) = volume::open_store(volume)?;
+    let master = match master {
+        None if daemon_child && sb.is_encrypted() => Some(key_from_parent()?),
+        m => m,
+    };
+    let keys = master.map(|m| volume::keys_for(&m, &sb));
     let fs = Fs::mount(
         volume,
         engine,
@@ -362,6 +471,7 @@ fn serve(
             atime: o.atime,
             read_only: o.read_only,
             cache_bytes: (o.cache_mb as usize) << 20,
+            keys,
             ..Options::default()
         },
     )

@@ -2,13 +2,16 @@
 //! `SAFS_PASSPHRASE_FILE`, `-o passphrase_file=`) or typed on the terminal
 //! without echo. Never from a command-line argument (visible in `ps`),
 //! never logged; held in zeroized buffers.
-#![allow(dead_code)] // wired into format, mount, passwd and fsck next
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use zeroize::Zeroizing;
+
+use safs::core::volume::{self, VolumeError};
+use safs::format::superblock::Superblock;
+use safs::meta::MetaRead;
 
 /// The environment variable naming a passphrase file.
 pub const ENV: &str = "SAFS_PASSPHRASE_FILE";
@@ -29,11 +32,44 @@ pub fn existing(file: Option<&Path>, volume: &Path) -> anyhow::Result<Zeroizing<
     }
 }
 
+/// The master key of the encrypted volume at `volume`, unlocked with its
+/// passphrase (from `file` or asked for). Reads only: a wrong passphrase
+/// leaves the volume as it was.
+pub fn unlock(
+    store: &dyn MetaRead,
+    sb: &Superblock,
+    file: Option<&Path>,
+    volume: &Path,
+) -> anyhow::Result<Zeroizing<[u8; 32]>> {
+    unlock_with(store, sb, &existing(file, volume)?, volume)
+}
+
+/// The master key of the encrypted volume at `volume`, if `pass` is its
+/// passphrase: a wrong one is an error that says so and names the volume.
+pub fn unlock_with(
+    store: &dyn MetaRead,
+    sb: &Superblock,
+    pass: &[u8],
+    volume: &Path,
+) -> anyhow::Result<Zeroizing<[u8; 32]>> {
+    volume::unlock(store, sb, pass).map_err(|e| match e {
+        VolumeError::WrongPassphrase => {
+            anyhow::anyhow!("wrong passphrase for volume {}", volume.display())
+        }
+        e => anyhow::Error::new(e).context(format!("cannot unlock volume {}", volume.display())),
+    })
+}
+
 /// A new passphrase: from the file, or typed twice on the terminal.
 pub fn new(file: Option<&Path>, what: &str) -> anyhow::Result<Zeroizing<Vec<u8>>> {
-    if let Some(f) = file_from(file) {
-        return from_file(&f);
+    match file_from(file) {
+        Some(f) => from_file(&f),
+        None => typed_twice(what),
     }
+}
+
+/// A new passphrase typed twice on the terminal (the same both times).
+pub fn typed_twice(what: &str) -> anyhow::Result<Zeroizing<Vec<u8>>> {
     let first = prompt(&format!("{what}: "))?;
     let again = prompt(&format!("{what} (again): "))?;
     if first != again {
@@ -67,7 +103,8 @@ pub fn from_file(path: &Path) -> anyhow::Result<Zeroizing<Vec<u8>>> {
 fn prompt(text: &str) -> anyhow::Result<Zeroizing<Vec<u8>>> {
     let typed = rpassword::prompt_password(text).map_err(|_| {
         anyhow::anyhow!(
-            "no passphrase: no terminal to ask on; give --passphrase-file FILE (or set {ENV})"
+            "no passphrase: no terminal to ask for it on; give --passphrase-file FILE \
+             (mount: or -o passphrase_file=FILE), or set {ENV}"
         )
     })?;
     let mut bytes = Zeroizing::new(typed.into_bytes());
