@@ -22,7 +22,7 @@ fn main() {
     let helper_form = args.len() >= 3
         && !args[1].starts_with('-')
         && ![
-            "format", "mount", "info", "sync", "fsck", "bench", "man", "help",
+            "format", "mount", "info", "sync", "fsck", "bench", "man", "help", "passwd",
         ]
         .contains(&args[1].as_str());
     let result = if argv0.starts_with("mount.fuse.safs") || argv0 == "mount.safs" || helper_form {

@@ -7,6 +7,7 @@ mod info;
 mod man;
 mod mount;
 mod passphrase;
+mod passwd;
 
 use std::path::{Path, PathBuf};
 
@@ -32,6 +33,9 @@ pub enum Command {
     /// Print what a volume or a mounted safs is (and, with --stats, its
     /// request counts).
     Info(info::InfoArgs),
+    /// Change the passphrase of an unmounted encrypted volume (its data
+    /// stays as it is: only the wrapping of its key changes).
+    Passwd(passwd::PasswdArgs),
     /// Check an unmounted volume's every invariant (exit 0 clean, 1
     /// repaired, 4 errors left, 8 operational error).
     Fsck(fsck::FsckArgs),
@@ -57,7 +61,11 @@ pub struct SyncArgs {
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
     if matches!(
         cli.command,
-        Command::Info(_) | Command::Fsck(_) | Command::Format(_) | Command::Sync(_)
+        Command::Info(_)
+            | Command::Fsck(_)
+            | Command::Format(_)
+            | Command::Sync(_)
+            | Command::Passwd(_)
     ) {
         safs::process::default_sigpipe();
     }
@@ -73,6 +81,7 @@ fn run_plain(command: Command) -> anyhow::Result<()> {
         Command::Format(a) => format::run(a),
         Command::Mount(a) => mount::run(a),
         Command::Info(a) => info::run(a),
+        Command::Passwd(a) => passwd::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Man(a) => man::run(a),
         Command::Sync(a) => {
