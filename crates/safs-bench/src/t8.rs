@@ -5,7 +5,8 @@
 //! lstat of each entry, the figure compared across targets) runs
 //! coreutils' `ls -Al` itself, whose per-entry figure adds what the
 //! program does beyond that: process start, an SELinux-label and an ACL
-//! xattr probe per entry (each a FUSE round trip on a FUSE target),
+//! xattr probe per entry (on a FUSE target those the kernel cannot answer
+//! itself are round trips: one per entry on safs in the smoke runs),
 //! sorting and formatting. Run on every target, it is the table the
 //! encrypted volumes are compared with gocryptfs on.
 

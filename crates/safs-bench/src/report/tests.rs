@@ -457,11 +457,11 @@ fn the_pefs_section_compares_costs() {
     // The target table says what each was made as and what the daemon
     // reports of its directory cache.
     let mut r = pefs_results(1.1, 6.5);
-    r.targets[1].about = Some("encrypted volume, dircache=1".into());
+    r.targets[1].about = Some("encrypted volume".into());
     r.targets[1].dircache_budget_bytes = Some(128 << 20);
     let md = markdown(&r);
     assert!(
-        md.contains("| fuse.safs (encrypted volume, dircache=1; directory cache ≤ 128 MiB) |"),
+        md.contains("| fuse.safs (encrypted volume; directory cache ≤ 128 MiB) |"),
         "{md}"
     );
     assert!(
