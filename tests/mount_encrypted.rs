@@ -757,3 +757,31 @@ fn passwd_killed_at_any_moment_leaves_exactly_one_passphrase_working() {
     }
     eprintln!("{changed} changes completed, {kept} interrupted before their commit");
 }
+
+#[test]
+fn the_dircache_option_reaches_the_daemon() {
+    let secrets = Secrets::new();
+    let pass = secrets.file("pass", b"pass");
+    let opt = format!("passphrase_file={}", pass.display());
+    let budget = |v: &TestVolume| -> u64 {
+        let out = safs(["info", "--json", s(v.mnt())]);
+        out.assert_success("safs info --json");
+        let stats: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        stats["dircache_budget_bytes"].as_u64().unwrap()
+    };
+    let mut v = encrypted(&pass);
+    v.mount();
+    assert!(budget(&v) > 0, "on by default for an encrypted volume");
+    v.unmount();
+    v.set_options(&[&opt, "dircache=0"]);
+    v.mount();
+    assert_eq!(budget(&v), 0, "dircache=0 turns it off");
+    v.unmount();
+    mount_with(&mut v, &["-o", &format!("{opt},dircache=2")])
+        .assert_failure_with_message("dircache=2");
+
+    let plain = TestVolume::new();
+    assert_eq!(budget(&plain), 0, "off by default for a plain volume");
+    let plain = TestVolume::with_options(&["dircache=1"]);
+    assert!(budget(&plain) > 0, "dircache=1 turns it on");
+}

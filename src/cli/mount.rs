@@ -42,7 +42,8 @@ pub struct MountArgs {
     /// passthrough, nopassthrough, nonempty, dev, suid, noexec,
     /// nosymfollow, relatime (default), noatime, strictatime, nodiratime,
     /// commit_ms=N, threads=N, cache_mb=N (inode cache budget, default 256),
-    /// passphrase_file=FILE (the passphrase of an encrypted volume, e.g.
+    /// dircache=0|1 (the directory cache, half of cache_mb at most; on by
+    /// default for encrypted volumes only), passphrase_file=FILE (the passphrase of an encrypted volume, e.g.
     /// in /etc/fstab; encrypted volumes refuse passthrough).
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
@@ -72,6 +73,8 @@ struct MountOpts {
     commit_ms: u64,
     threads: usize,
     cache_mb: u64,
+    /// `None`: the core's default (on for encrypted volumes).
+    dircache: Option<bool>,
     passphrase_file: Option<PathBuf>,
 }
 
@@ -113,6 +116,7 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
         commit_ms: 5,
         threads: 4,
         cache_mb: 256,
+        dircache: None,
         passphrase_file: None,
     };
     for opt in raw
@@ -172,6 +176,13 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
                 o.threads = num(val)? as usize;
                 if !(1..=64).contains(&o.threads) {
                     bail!("threads must be 1..=64");
+                }
+            }
+            "dircache" => {
+                o.dircache = match val {
+                    Some("0") => Some(false),
+                    Some("1") => Some(true),
+                    _ => bail!("option dircache needs 0 or 1 (dircache=0 turns it off)"),
                 }
             }
             "passphrase_file" => match val {
@@ -471,6 +482,7 @@ fn serve(
             atime: o.atime,
             read_only: o.read_only,
             cache_bytes: (o.cache_mb as usize) << 20,
+            dircache: o.dircache,
             keys,
             ..Options::default()
         },
