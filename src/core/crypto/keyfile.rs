@@ -59,17 +59,28 @@ impl KdfParams {
 }
 
 /// Parameters that take about `target` to derive a key on this machine:
-/// 64 MiB of memory, one lane, as many passes as fit (1 to 10).
+/// 64 MiB of memory, one lane, as many passes as fit (1 to 32). Timed as a
+/// derivation is run at unlock (fresh memory each time): one pass and three
+/// passes, the difference giving a pass's cost and the rest the set-up.
 pub fn tune_kdf(target: std::time::Duration) -> KdfParams {
     let probe = KdfParams {
         m_kib: 64 * 1024,
         t: 1,
         p: 1,
     };
-    let start = std::time::Instant::now();
-    let _ = probe.derive(b"tuning", &[0u8; 16]);
-    let one = start.elapsed().as_secs_f64().max(1e-3);
-    let t = (target.as_secs_f64() / one).round().clamp(1.0, 10.0) as u32;
+    let time = |t: u32| {
+        let start = std::time::Instant::now();
+        let _ = KdfParams { t, ..probe }.derive(b"tuning", &[0u8; 16]);
+        start.elapsed().as_secs_f64()
+    };
+    time(1); // the process's first big allocation costs more than any later
+    let one = time(1);
+    let three = time(3);
+    let per_pass = ((three - one) / 2.0).max(1e-3);
+    let setup = (one - per_pass).max(0.0);
+    let t = ((target.as_secs_f64() - setup) / per_pass)
+        .round()
+        .clamp(1.0, 32.0) as u32;
     KdfParams { t, ..probe }
 }
 
