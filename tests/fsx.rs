@@ -78,6 +78,18 @@ fn full_check(mnt: &Path, want: &Model, step: usize) {
 
 #[test]
 fn random_operations_match_the_model_across_remounts() {
+    fsx(false);
+}
+
+/// The same on an encrypted volume (sealed records, encrypted names, sealed
+/// content blocks through the daemon), alternating the directory cache on
+/// and off across remounts.
+#[test]
+fn random_operations_match_the_model_on_an_encrypted_volume() {
+    fsx(true);
+}
+
+fn fsx(encrypted: bool) {
     assert!(
         Path::new("/dev/fuse").exists(),
         "/dev/fuse is missing: this test mounts a real FUSE filesystem"
@@ -85,7 +97,7 @@ fn random_operations_match_the_model_across_remounts() {
     let ops: usize = std::env::var("SAFS_FSX_OPS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(3_000);
+        .unwrap_or(if encrypted { 2_000 } else { 3_000 });
     let seed: u64 = std::env::var("SAFS_FSX_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -95,7 +107,7 @@ fn random_operations_match_the_model_across_remounts() {
                 .unwrap()
                 .as_nanos() as u64
         });
-    eprintln!("fsx: {ops} steps, seed {seed}");
+    eprintln!("fsx: {ops} steps, seed {seed}, encrypted: {encrypted}");
     let tmp = tempfile::Builder::new()
         .prefix("safs-fsx")
         .tempdir_in("/tmp")
@@ -103,18 +115,22 @@ fn random_operations_match_the_model_across_remounts() {
     let (vol, mnt) = (tmp.path().join("vol"), tmp.path().join("mnt"));
     std::fs::create_dir_all(&mnt).unwrap();
     let s = |p: &Path| p.to_str().unwrap().to_string();
-    run_ok(safs().args(["format", &s(&vol), "--inline-xattr-bytes", "128"]));
+    let enc = encrypted.then(|| Encrypted::new(tmp.path()));
+    let mut format = vec!["format".to_string(), s(&vol)];
+    format.extend(["--inline-xattr-bytes".into(), "128".into()]);
+    format.extend(enc.iter().flat_map(Encrypted::format_args));
+    run_ok(safs().args(&format));
     let _guard = Mounted {
         mnt: mnt.clone(),
         vol: vol.clone(),
     };
     let mount = |i: usize| {
-        let data_path = if i % 2 == 0 {
-            "passthrough"
-        } else {
-            "nopassthrough"
+        let opts = match &enc {
+            None if i % 2 == 0 => "passthrough".to_string(),
+            None => "nopassthrough".to_string(),
+            Some(e) => format!("dircache={},{}", (i + 1) % 2, e.mount_option()),
         };
-        run_ok(safs().args(["mount", &s(&vol), &s(&mnt), "-o", data_path]));
+        run_ok(safs().args(["mount", &s(&vol), &s(&mnt), "-o", &opts]));
     };
     mount(0);
     let mut model = Model::new();
@@ -166,7 +182,11 @@ fn random_operations_match_the_model_across_remounts() {
     full_check(&mnt, &model, ops);
     unmount(&mnt);
     wait_unlocked(&vol);
-    let out = safs().args(["fsck", &s(&vol)]).output().unwrap();
+    let mut fsck = vec!["fsck".to_string(), s(&vol)];
+    if let Some(e) = &enc {
+        fsck.extend(["--passphrase-file".into(), s(&e.passfile)]);
+    }
+    let out = safs().args(&fsck).output().unwrap();
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -174,6 +194,6 @@ fn random_operations_match_the_model_across_remounts() {
         String::from_utf8_lossy(&out.stdout)
     );
     eprintln!(
-        "fsx: {ops} steps ({done} applied, {refused} refused as the model predicted), {remounts} remounts, all matched"
+        "fsx: {ops} steps ({done} applied, {refused} refused as the model predicted), {remounts} remounts, all matched (encrypted: {encrypted})"
     );
 }

@@ -16,6 +16,35 @@ pub fn safs() -> Command {
     Command::new(env!("CARGO_BIN_EXE_safs"))
 }
 
+/// An encrypted volume's passphrase file, written into `dir`; formats
+/// with the fast test KDF (the real one is tuned to ~0.5 s per unlock).
+pub struct Encrypted {
+    pub passfile: std::path::PathBuf,
+}
+
+impl Encrypted {
+    pub fn new(dir: &Path) -> Self {
+        let passfile = dir.join("passphrase");
+        std::fs::write(&passfile, b"model checker passphrase\n").unwrap();
+        Encrypted { passfile }
+    }
+
+    /// Extra arguments of `safs format`.
+    pub fn format_args(&self) -> Vec<String> {
+        vec![
+            "--encrypt".into(),
+            "--kdf-testing".into(),
+            "--passphrase-file".into(),
+            self.passfile.to_str().unwrap().into(),
+        ]
+    }
+
+    /// The mount option naming the passphrase file.
+    pub fn mount_option(&self) -> String {
+        format!("passphrase_file={}", self.passfile.display())
+    }
+}
+
 pub fn run_ok(cmd: &mut Command) -> String {
     let out = cmd.output().expect("spawn");
     let text = format!(
