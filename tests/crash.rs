@@ -10,7 +10,8 @@
 //! - every file's contents equal its contents after some operation at or
 //!   after `k` (data reaches backing files before the batch recording it).
 //!
-//! Loops alternate between kernel passthrough and daemon-side I/O.
+//! Loops rotate between kernel passthrough, daemon-side I/O and an
+//! encrypted volume.
 //! `SAFS_CRASH_LOOPS=N` sets the number of loops (default 6 here; the
 //! README's long run uses 200). `SAFS_CRASH_SEED` replays one seed's
 //! workload. `SAFS_CRASH_VERBOSE=1` prints
@@ -26,16 +27,26 @@ use std::time::{Duration, Instant};
 
 use model::*;
 
-fn one_loop(seed: u64, base: &Path, data_path: &str) {
+/// One loop on `base`: `data_path` is a mount option; `encrypted` makes
+/// the volume encrypted (contents then always go through the daemon).
+fn one_loop(seed: u64, base: &Path, data_path: &str, encrypted: bool) {
     let vol = base.join("vol");
     let mnt = base.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
-    run_ok(safs().args([
-        "format",
-        vol.to_str().unwrap(),
-        "--inline-xattr-bytes",
-        "128",
-    ]));
+    let enc = encrypted.then(|| Encrypted::new(base));
+    let mut format = vec![
+        "format".to_string(),
+        vol.to_str().unwrap().into(),
+        "--inline-xattr-bytes".into(),
+        "128".into(),
+    ];
+    format.extend(enc.iter().flat_map(Encrypted::format_args));
+    run_ok(safs().args(&format));
+    let data_path = match &enc {
+        Some(e) => format!("{data_path},{}", e.mount_option()),
+        None => data_path.to_string(),
+    };
+    let data_path = data_path.as_str();
     let guard = Mounted {
         mnt: mnt.clone(),
         vol: vol.clone(),
@@ -108,7 +119,13 @@ fn one_loop(seed: u64, base: &Path, data_path: &str) {
     unmount(&mnt);
     wait_unlocked(&vol);
 
-    run_ok(safs().args(["mount", vol.to_str().unwrap(), mnt.to_str().unwrap()]));
+    run_ok(safs().args([
+        "mount",
+        vol.to_str().unwrap(),
+        mnt.to_str().unwrap(),
+        "-o",
+        data_path,
+    ]));
     let got = read_tree(&mnt);
     let (got_meta, got_groups) = got.meta();
     let candidates = &snapshots[durable..];
@@ -203,10 +220,14 @@ fn one_loop(seed: u64, base: &Path, data_path: &str) {
     unmount(&mnt);
     wait_unlocked(&vol);
     drop(guard);
-    let out = safs()
-        .args(["fsck", vol.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let mut fsck = vec!["fsck".to_string(), vol.to_str().unwrap().into()];
+    if let Some(e) = &enc {
+        fsck.extend([
+            "--passphrase-file".into(),
+            e.passfile.to_str().unwrap().into(),
+        ]);
+    }
+    let out = safs().args(&fsck).output().unwrap();
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -284,17 +305,19 @@ fn kill_9_at_random_moments_loses_nothing_acknowledged() {
             .prefix("safs-crash")
             .tempdir_in("/tmp")
             .unwrap();
-        // Both data paths: kernel passthrough and daemon-side I/O.
-        let data_path = if i % 2 == 0 {
-            "passthrough"
-        } else {
-            "nopassthrough"
+        // Both data paths (kernel passthrough, daemon-side I/O) and an
+        // encrypted volume (sealed blocks through the daemon, the
+        // directory cache on).
+        let (data_path, encrypted) = match i % 3 {
+            0 => ("passthrough", false),
+            1 => ("nopassthrough", false),
+            _ => ("dircache=1", true),
         };
         eprintln!(
-            "crash loop {}/{} seed {seed} ({data_path})",
+            "crash loop {}/{} seed {seed} ({data_path}, encrypted: {encrypted})",
             i + 1,
             seeds.len()
         );
-        one_loop(*seed, tmp.path(), data_path);
+        one_loop(*seed, tmp.path(), data_path, encrypted);
     }
 }
