@@ -20,7 +20,9 @@
 #   6. stress-ng: its file-system stressors with --verify, one after the
 #      other, a few seconds each, on the same mount
 #   7. safs fsck of that volume once unmounted: it must be clean
-#   8. real Samba (smbd, smbclient) and OpenStack Swift (its object-server
+#   8. pjdfstest, data and directory stressors and fsck (with the passphrase)
+#      again on an encrypted volume (sealed names, records and contents)
+#   9. real Samba (smbd, smbclient) and OpenStack Swift (its object-server
 #      diskfile layer) on safs mounts: tests/interop/samba.sh and swift.sh
 # Every step runs even if an earlier one failed (except that pjdfstest needs a
 # built safs); the script prints a summary and exits non-zero if any failed.
@@ -98,6 +100,10 @@ WORK=$(mktemp -d /tmp/safs-test-run.XXXXXX)
 chmod 0755 "$WORK" # the pjdfstest users must reach the mount point
 VOL=$WORK/vol
 MNT=$WORK/mnt
+# The encrypted volume of step 8 (and its passphrase file).
+ENC_VOL=$WORK/evol
+ENC_MNT=$WORK/emnt
+ENC_PASS=$WORK/passphrase
 SUMMARY=()
 FAILURES=0
 TOTAL_PASSED=0
@@ -145,16 +151,21 @@ cleanup() {
   local rc=$?
   trap - EXIT
   restore_helper
-  if is_mounted "$MNT"; then
-    umount "$MNT" 2>/dev/null || fusermount3 -u -z "$MNT" 2>/dev/null || umount -l "$MNT" || true
-    # The daemon flushes and exits; wait (bounded) until it released the lock.
-    for _ in $(seq 1 100); do
-      flock -n "$VOL/lock" true 2>/dev/null && break
-      sleep 0.1
-    done
-  fi
+  local m v
+  for m in "$MNT" "$ENC_MNT"; do
+    v=$VOL
+    [ "$m" = "$ENC_MNT" ] && v=$ENC_VOL
+    if is_mounted "$m"; then
+      umount "$m" 2>/dev/null || fusermount3 -u -z "$m" 2>/dev/null || umount -l "$m" || true
+      # The daemon flushes and exits; wait (bounded) until it released the lock.
+      for _ in $(seq 1 100); do
+        flock -n "$v/lock" true 2>/dev/null && break
+        sleep 0.1
+      done
+    fi
+  done
   [ "$CLEAN_STRAY_MOUNTS" = 1 ] && clean_stray_mounts
-  if ! is_mounted "$MNT"; then rm -rf "$WORK"; fi
+  if ! is_mounted "$MNT" && ! is_mounted "$ENC_MNT"; then rm -rf "$WORK"; fi
   exit "$rc"
 }
 trap cleanup EXIT
@@ -241,7 +252,7 @@ run_pjdfstest() {
   # The EROFS tests the full run skips run (and are counted) in the next
   # step: count a skip only once.
   local later=0
-  if [ "$name" = pjdfstest ]; then
+  if [ "$name" = pjdfstest ] || [ "$name" = pjdfstest-encrypted ]; then
     later=$(grep -cE '::erofs_[a-z_]+ +skipped$' "$log" || true)
   fi
   TOTAL_SKIPPED=$((TOTAL_SKIPPED + skipped - later))
@@ -297,20 +308,26 @@ STRESSORS=(fallocate flock fcntl lockf mmap seek sync-file readahead rename
   splice file-ioctl hdd dentry utime mknod chmod filename fstat link open
   fpunch dir lease)
 STRESS_SECONDS=${STRESS_SECONDS:-3}
-t0=$SECONDS
-if ! is_mounted "$MNT"; then
-  record FAIL 0 "stress-ng: not run, nothing mounted"
-elif ! have stress-ng; then
-  record FAIL 0 "stress-ng: not run, stress-ng is not installed"
-else
-  say "stress-ng: ${#STRESSORS[@]} stressors, ${STRESS_SECONDS}s each, --verify, in $MNT/stress"
-  mkdir -p "$MNT/stress"
-  failed=()
-  for s in "${STRESSORS[@]}"; do
-    log=$WORK/stress-$s.log
+
+# run_stress NAME MOUNTPOINT STRESSOR...: each stressor --verify in turn.
+run_stress() {
+  local name=$1 mnt=$2 t0=$SECONDS s log rc
+  shift 2
+  if ! is_mounted "$mnt"; then
+    record FAIL 0 "$name: not run, nothing mounted"
+    return
+  elif ! have stress-ng; then
+    record FAIL 0 "$name: not run, stress-ng is not installed"
+    return
+  fi
+  say "$name: $# stressors, ${STRESS_SECONDS}s each, --verify, in $mnt/stress"
+  mkdir -p "$mnt/stress"
+  local failed=()
+  for s in "$@"; do
+    log=$WORK/$name-$s.log
     set +e
-    (cd "$MNT/stress" && timeout -k 10 $((STRESS_SECONDS * 10 + 60)) \
-      stress-ng --temp-path "$MNT/stress" --"$s" 1 --verify --timeout "$STRESS_SECONDS" \
+    (cd "$mnt/stress" && timeout -k 10 $((STRESS_SECONDS * 10 + 60)) \
+      stress-ng --temp-path "$mnt/stress" --"$s" 1 --verify --timeout "$STRESS_SECONDS" \
       --metrics-brief) >"$log" 2>&1
     rc=$?
     set -e
@@ -323,14 +340,15 @@ else
     fi
   done
   if [ ${#failed[@]} = 0 ]; then
-    TOTAL_PASSED=$((TOTAL_PASSED + ${#STRESSORS[@]}))
-    record PASS $((SECONDS - t0)) "stress-ng: ${#STRESSORS[@]} stressors passed --verify"
+    TOTAL_PASSED=$((TOTAL_PASSED + $#))
+    record PASS $((SECONDS - t0)) "$name: $# stressors passed --verify"
   else
-    TOTAL_PASSED=$((TOTAL_PASSED + ${#STRESSORS[@]} - ${#failed[@]}))
+    TOTAL_PASSED=$((TOTAL_PASSED + $# - ${#failed[@]}))
     TOTAL_FAILED=$((TOTAL_FAILED + ${#failed[@]}))
-    record FAIL $((SECONDS - t0)) "stress-ng: failed: ${failed[*]}"
+    record FAIL $((SECONDS - t0)) "$name: failed: ${failed[*]}"
   fi
-fi
+}
+run_stress stress-ng "$MNT" "${STRESSORS[@]}"
 
 # --- 7. fsck of the volume all of the above ran on ---------------------------
 t0=$SECONDS
@@ -351,7 +369,46 @@ if is_mounted "$MNT"; then
   fi
 fi
 
-# --- 8. real Samba and Swift on a safs mount -----------------------------------
+# --- 8. an encrypted volume: pjdfstest, data stressors, fsck ---------------------
+# Names, records and contents sealed, contents through the daemon, the
+# directory cache on (its default there). The test KDF keeps unlocking fast.
+t0=$SECONDS
+if [ ! -x "$SAFS" ] || ! pjdfstest_ready; then
+  record FAIL 0 "encrypted: not run (no safs build or no pjdfstest)"
+else
+  mkdir -p "$ENC_MNT"
+  head -c 24 /dev/urandom | base64 >"$ENC_PASS"
+  chmod 0600 "$ENC_PASS"
+  if ! "$SAFS" format "$ENC_VOL" --encrypt --kdf-testing --passphrase-file "$ENC_PASS"; then
+    record FAIL $((SECONDS - t0)) "encrypted: not run, safs format --encrypt failed"
+  elif ! "$SAFS" mount "$ENC_VOL" "$ENC_MNT" -o "allow_other,passphrase_file=$ENC_PASS"; then
+    record FAIL $((SECONDS - t0)) "encrypted: not run, safs mount failed"
+    tail -n 50 "$ENC_VOL/safs.log" 2>/dev/null || true
+  else
+    run_pjdfstest pjdfstest-encrypted "$ROOT/tests/pjdfstest.toml" "$ENC_MNT/pjdfstest"
+    run_pjdfstest pjdfstest-encrypted-erofs "$WORK/pjdfstest-erofs.toml" "$ENC_MNT/pjdfstest-erofs" erofs
+    # The contents path (sealed blocks) and the directory cache.
+    run_stress stress-ng-encrypted "$ENC_MNT" fallocate mmap seek readahead hdd iomix \
+      fpunch copy-file sendfile splice fsize sync-file rename getdent dirmany xattr \
+      dentry link filename
+    t0=$SECONDS
+    umount "$ENC_MNT"
+    set +e
+    "$SAFS" fsck "$ENC_VOL" --passphrase-file "$ENC_PASS" >"$WORK/fsck-encrypted.log" 2>&1
+    rc=$?
+    set -e
+    cat "$WORK/fsck-encrypted.log"
+    if [ "$rc" = 0 ]; then
+      TOTAL_PASSED=$((TOTAL_PASSED + 1))
+      record PASS $((SECONDS - t0)) "safs fsck of the encrypted volume (every record and block): clean"
+    else
+      TOTAL_FAILED=$((TOTAL_FAILED + 1))
+      record FAIL $((SECONDS - t0)) "safs fsck of the encrypted volume: exit $rc"
+    fi
+  fi
+fi
+
+# --- 9. real Samba and Swift on a safs mount -----------------------------------
 # smbd + smbclient/smbcacls over SMB on the loopback (DOS attributes, NT
 # ACLs, streams in xattrs), and OpenStack Swift's object-server diskfile
 # layer writing and reading ~31.5 KiB of object metadata. Each script
