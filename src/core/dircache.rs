@@ -196,6 +196,18 @@ impl DirCache {
         }
     }
 
+    /// `dir` was just made: its view is complete and empty (every lookup
+    /// in a new directory, the negative one before each create included,
+    /// is answered at once).
+    pub fn made(&mut self, dir: u64) {
+        if !self.enabled() {
+            return;
+        }
+        let v = self.view(dir);
+        v.complete = true;
+        v.listed = u64::MAX;
+    }
+
     /// Records what a lookup read from the engine.
     pub fn learn(&mut self, dir: u64, name: &[u8], d: &Dirent) {
         if !self.enabled() {
@@ -365,6 +377,20 @@ mod tests {
         let l = c.list(3, 0, 10).unwrap();
         assert_eq!(l.len(), 2);
         assert_eq!(&*l[0].3, b"a2");
+    }
+
+    #[test]
+    fn a_new_directory_is_known_empty() {
+        let mut c = DirCache::new(1 << 20);
+        c.made(9);
+        assert!(matches!(c.lookup(9, b"x"), Found::Absent));
+        assert_eq!(c.is_empty(9), Some(true));
+        c.put(9, b"x", &d(10, 3));
+        assert!(matches!(c.lookup(9, b"x"), Found::Entry(e) if e.ino == 10));
+        assert_eq!(c.list(9, 2, 10).unwrap().len(), 1);
+        let mut off = DirCache::new(0);
+        off.made(9);
+        assert!(matches!(off.lookup(9, b"x"), Found::Unknown));
     }
 
     #[test]

@@ -522,6 +522,9 @@ impl Fs {
         debug_assert_eq!(taken, ino, "inode numbers are taken under the lock");
         self.put_counters(&st, &mut work.writes);
         self.w_finish(&mut st, work)?;
+        if is_dir {
+            st.dirs().made(ino);
+        }
         if !spill.is_empty() {
             st.set_spill(ino, spill);
         }
