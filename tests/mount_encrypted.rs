@@ -14,7 +14,6 @@ use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -559,38 +558,6 @@ fn info_says_how_a_volume_is_encrypted() {
     );
 }
 
-/// `/sbin/mount.fuse.safs` pointed at the binary under test while mount(8)
-/// runs it (tests of this file take turns), then put back as it was.
-struct Helper {
-    previous: Option<PathBuf>,
-    _turn: MutexGuard<'static, ()>,
-}
-
-static HELPER_TURN: Mutex<()> = Mutex::new(());
-const HELPER: &str = "/sbin/mount.fuse.safs";
-
-impl Helper {
-    fn install() -> Helper {
-        let turn = HELPER_TURN.lock().unwrap_or_else(|e| e.into_inner());
-        let previous = std::fs::read_link(HELPER).ok();
-        let _ = std::fs::remove_file(HELPER);
-        std::os::unix::fs::symlink(SAFS, HELPER).unwrap();
-        Helper {
-            previous,
-            _turn: turn,
-        }
-    }
-}
-
-impl Drop for Helper {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(HELPER);
-        if let Some(p) = &self.previous {
-            let _ = std::os::unix::fs::symlink(p, HELPER);
-        }
-    }
-}
-
 #[test]
 fn mount_t_fuse_safs_takes_a_passphrase_file_option() {
     let secrets = Secrets::new();
@@ -601,7 +568,7 @@ fn mount_t_fuse_safs_takes_a_passphrase_file_option() {
     write_file(&v.path("f"), b"through mount(8)");
     v.unmount();
     let mount_t = |file: &Path| {
-        let _h = Helper::install();
+        let _h = MountHelper::install();
         run_cmd(
             Command::new("mount")
                 .args(["-t", "fuse.safs", s(v.vol()), s(v.mnt())])

@@ -8,44 +8,11 @@
 mod common;
 
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use common::*;
-
-/// `/sbin/mount.fuse.safs` pointed at the binary under test for the life of
-/// the guard (tests of this file take turns), then put back as it was.
-struct Helper {
-    previous: Option<PathBuf>,
-    _turn: MutexGuard<'static, ()>,
-}
-
-static HELPER_TURN: Mutex<()> = Mutex::new(());
-const HELPER: &str = "/sbin/mount.fuse.safs";
-
-impl Helper {
-    fn install() -> Helper {
-        let turn = HELPER_TURN.lock().unwrap_or_else(|e| e.into_inner());
-        let previous = std::fs::read_link(HELPER).ok();
-        let _ = std::fs::remove_file(HELPER);
-        std::os::unix::fs::symlink(SAFS, HELPER).unwrap();
-        Helper {
-            previous,
-            _turn: turn,
-        }
-    }
-}
-
-impl Drop for Helper {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(HELPER);
-        if let Some(p) = &self.previous {
-            let _ = std::os::unix::fs::symlink(p, HELPER);
-        }
-    }
-}
 
 /// `mount -t fuse.safs <vol> <mnt> -o <opts>`.
 fn mount_t(v: &TestVolume, opts: &str) -> CmdOutput {
@@ -80,7 +47,7 @@ fn unmount_t(v: &mut TestVolume) {
 
 #[test]
 fn mount_t_fuse_safs_passes_every_option_to_the_daemon() {
-    let _h = Helper::install();
+    let _h = MountHelper::install();
     let mut v = TestVolume::formatted(&[]);
 
     // What mount(8) leaves out (dev, suid, exec: mount(2)'s defaults) is
@@ -254,7 +221,7 @@ fn access_times_follow_the_mount_options_on_the_daemon_data_path() {
 /// `mount -o remount,noatime` reaches the daemon, not only the kernel.
 #[test]
 fn remount_changes_the_daemons_atime_rules() {
-    let _h = Helper::install();
+    let _h = MountHelper::install();
     let mut v = TestVolume::formatted(&[]);
     mount_t(&v, "allow_other,strictatime").assert_success("mount -t fuse.safs");
     v.adopt_mount();

@@ -1373,3 +1373,36 @@ fn decode_child_result<T: ChildValue>(
         ),
     }
 }
+
+/// `/sbin/mount.fuse.safs` pointed at the binary under test for the life of
+/// the guard (tests of one file take turns; cargo runs test files one after
+/// another), then put back as it was.
+pub struct MountHelper {
+    previous: Option<PathBuf>,
+    _turn: std::sync::MutexGuard<'static, ()>,
+}
+
+static HELPER_TURN: Mutex<()> = Mutex::new(());
+const HELPER: &str = "/sbin/mount.fuse.safs";
+
+impl MountHelper {
+    pub fn install() -> MountHelper {
+        let turn = HELPER_TURN.lock().unwrap_or_else(|e| e.into_inner());
+        let previous = fs::read_link(HELPER).ok();
+        let _ = fs::remove_file(HELPER);
+        std::os::unix::fs::symlink(SAFS, HELPER).unwrap();
+        MountHelper {
+            previous,
+            _turn: turn,
+        }
+    }
+}
+
+impl Drop for MountHelper {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(HELPER);
+        if let Some(p) = &self.previous {
+            let _ = std::os::unix::fs::symlink(p, HELPER);
+        }
+    }
+}
