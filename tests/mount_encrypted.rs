@@ -124,16 +124,16 @@ fn snapshot(dir: &Path) -> Snapshot {
     out
 }
 
-/// What a failed unlock may leave changed: nothing but LMDB's lock file,
-/// whose reader table records the thread of every process that opens the
-/// engine, even to read (it holds no volume data).
+/// Every file of the volume, LMDB's lock file included: a refused mount
+/// opens the engine with neither its lock file nor its reader table
+/// (`MDB_RDONLY | MDB_NOLOCK`), so not one byte or mtime may change.
 fn snapshot_of_volume(vol: &Path) -> Snapshot {
-    let mut snap = snapshot(vol);
+    let snap = snapshot(vol);
+    assert!(snap.contains_key(Path::new("meta/data.mdb")));
     assert!(
-        snap.remove(Path::new("meta/lock.mdb")).is_some(),
+        snap.contains_key(Path::new("meta/lock.mdb")),
         "LMDB's lock file is where expected"
     );
-    assert!(snap.contains_key(Path::new("meta/data.mdb")));
     snap
 }
 
@@ -631,11 +631,13 @@ fn passwd_changes_the_passphrase_and_refuses_what_it_must() {
     assert!(out.stderr.contains("already mounted"), "{}", out.stderr);
     v.unmount();
 
-    // passwd takes the volume's lock (as fsck does) before it reads the
-    // passphrase: the lock file is the one thing it may touch.
+    // passwd takes the volume's lock (as fsck does) and opens the engine
+    // for writing before it reads the passphrase: the lock files (the
+    // volume's and LMDB's reader table) are the one thing it may touch.
     let unlocked = |vol: &Path| {
         let mut snap = snapshot_of_volume(vol);
         snap.remove(Path::new("lock"));
+        snap.remove(Path::new("meta/lock.mdb"));
         snap
     };
     let before = unlocked(v.vol());

@@ -339,7 +339,7 @@ fn unlock(
     o: &MountOpts,
     file: Option<&Path>,
 ) -> anyhow::Result<Option<Zeroizing<[u8; 32]>>> {
-    let (store, sb) = volume::open_store(volume)
+    let (store, sb) = volume::open_read_only(volume)
         .with_context(|| format!("cannot open volume {}", volume.display()))?;
     if !sb.is_encrypted() {
         if let Some(f) = file {

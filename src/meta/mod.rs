@@ -12,8 +12,8 @@ mod mem;
 use std::path::Path;
 use std::sync::Arc;
 
-pub use lmdb::LmdbStore;
 pub use lmdb::verify as lmdb_verify;
+pub use lmdb::{LmdbSnapshot, LmdbStore};
 pub use mem::MemStore;
 use thiserror::Error;
 
@@ -40,6 +40,16 @@ impl EngineKind {
 pub fn open(dir: &Path) -> Result<Arc<dyn MetaStore>, MetaError> {
     match EngineKind::detect(dir) {
         Some(EngineKind::Lmdb) => Ok(Arc::new(LmdbStore::open(dir)?)),
+        None => Err(MetaError::Missing(dir.to_path_buf())),
+    }
+}
+
+/// Opens the metadata engine in `dir` for reads only, writing nothing to
+/// it (not even a lock or reader table): what is read before a volume is
+/// served, e.g. to unlock an encrypted one. Checked like [`open`].
+pub fn open_read_only(dir: &Path) -> Result<Box<dyn MetaRead>, MetaError> {
+    match EngineKind::detect(dir) {
+        Some(EngineKind::Lmdb) => Ok(Box::new(LmdbSnapshot::open(dir)?)),
         None => Err(MetaError::Missing(dir.to_path_buf())),
     }
 }

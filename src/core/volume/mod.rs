@@ -257,7 +257,7 @@ pub fn initial_records(opts: &FormatOptions) -> (Superblock, Vec<crate::meta::Wr
 }
 
 /// Reads and checks the superblock.
-pub fn read_superblock(store: &dyn MetaStore) -> Result<Superblock, VolumeError> {
+pub fn read_superblock(store: &dyn MetaRead) -> Result<Superblock, VolumeError> {
     let rec = store
         .get(keys::SUPERBLOCK)?
         .ok_or(VolumeError::NoSuperblock)?;
@@ -282,6 +282,23 @@ pub fn read_counters(store: &dyn MetaRead) -> Result<Counters, VolumeError> {
 
 /// Opens a volume's metadata engine after checking it is one.
 pub fn open_store(dir: &Path) -> Result<(Arc<dyn MetaStore>, Superblock), VolumeError> {
+    let store = meta::open(&checked_layout(dir)?.meta())?;
+    let sb = read_superblock(store.as_ref())?;
+    Ok((store, sb))
+}
+
+/// Opens a volume's metadata engine for reads that write nothing to the
+/// volume (see [`meta::open_read_only`]): what a mount reads before it
+/// serves the volume, so that a refused mount (a wrong passphrase) leaves
+/// every byte of it as it was.
+pub fn open_read_only(dir: &Path) -> Result<(Box<dyn MetaRead>, Superblock), VolumeError> {
+    let store = meta::open_read_only(&checked_layout(dir)?.meta())?;
+    let sb = read_superblock(store.as_ref())?;
+    Ok((store, sb))
+}
+
+/// The layout of the volume at `dir`, once it is known to be one.
+fn checked_layout(dir: &Path) -> Result<Layout, VolumeError> {
     let layout = Layout::new(dir);
     if !dir.is_dir() {
         return Err(VolumeError::Io {
@@ -292,7 +309,5 @@ pub fn open_store(dir: &Path) -> Result<(Arc<dyn MetaStore>, Superblock), Volume
     if !layout.is_volume() {
         return Err(VolumeError::NotAVolume(dir.to_path_buf()));
     }
-    let store = meta::open(&layout.meta())?;
-    let sb = read_superblock(store.as_ref())?;
-    Ok((store, sb))
+    Ok(layout)
 }

@@ -87,6 +87,104 @@ pub struct LmdbStore {
     commits: AtomicU64,
 }
 
+/// Checks the structure of the data file at `data` (see [`verify`]).
+fn check_structure(data: &Path) -> Result<(), MetaError> {
+    let start = std::time::Instant::now();
+    let summary = verify::check(data).map_err(|e| match e {
+        verify::CheckError::Damaged(what) => MetaError::Damaged {
+            path: data.to_path_buf(),
+            what,
+        },
+        verify::CheckError::Io(e) => MetaError::Io(e),
+    })?;
+    tracing::info!(
+        txn = summary.txnid,
+        pages = summary.pages_read,
+        entries = summary.entries,
+        ms = start.elapsed().as_millis() as u64,
+        "metadata structure checked"
+    );
+    Ok(())
+}
+
+/// A read-only view of an existing store that writes nothing at all, not
+/// even LMDB's reader table in `lock.mdb` (`MDB_RDONLY | MDB_NOLOCK`): what
+/// the command that unlocks an encrypted volume reads, so that a wrong
+/// passphrase leaves every byte of the volume as it was. Without the lock
+/// file LMDB cannot see other processes' transactions, so this is only for
+/// reads made before the volume is served (a concurrent writer could reuse
+/// the pages read; the records' own checksums would catch that).
+pub struct LmdbSnapshot {
+    env: Env,
+    db: Database<'static, Bytes, Bytes>,
+}
+
+impl LmdbSnapshot {
+    /// Opens the store in `dir` read-only, after the same structure check
+    /// as [`LmdbStore::open`]. A missing store is an error, never created.
+    pub fn open(dir: &Path) -> Result<Self, MetaError> {
+        let data = dir.join("data.mdb");
+        if !data.exists() {
+            return Err(MetaError::Missing(dir.to_path_buf()));
+        }
+        check_structure(&data)?;
+        let mut opts = EnvOpenOptions::new();
+        opts.map_size(MAP_SIZE).max_dbs(1);
+        // SAFETY: as in `LmdbStore::open` (mapped file only safs writes;
+        // one environment per path in this process, dropped before the
+        // daemon opens its own). The flags only drop writes: READ_ONLY
+        // opens the data file read-only, NO_LOCK skips the lock file.
+        #[allow(unsafe_code)]
+        let env = unsafe {
+            opts.flags(heed::EnvFlags::READ_ONLY | heed::EnvFlags::NO_LOCK);
+            opts.open(dir)
+        }
+        .map_err(engine_err)?;
+        let rtxn = env.read_txn().map_err(engine_err)?;
+        let db = env
+            .open_databases_and_commit(rtxn, |opener, rtxn| {
+                opener
+                    .open_database::<Bytes, Bytes>(rtxn, None)
+                    .map(CommitOrAbort::<_, ()>::Commit)
+            })
+            .map_err(engine_err)?
+            .unwrap_commit()
+            .ok_or_else(|| MetaError::Engine("the metadata file has no main database".into()))?;
+        Ok(Self { env, db })
+    }
+}
+
+impl MetaRead for LmdbSnapshot {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, MetaError> {
+        let rtxn = self.env.read_txn().map_err(engine_err)?;
+        match self.db.get(&rtxn, key).map_err(engine_err)? {
+            Some(v) if v.len() > MAX_VALUE => Err(corrupt_value(v.len())),
+            Some(v) => Ok(Some(v.to_vec())),
+            None => Ok(None),
+        }
+    }
+
+    fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<super::Pairs, MetaError> {
+        let rtxn = self.env.read_txn().map_err(engine_err)?;
+        let range = (
+            std::ops::Bound::Included(start),
+            std::ops::Bound::Excluded(end),
+        );
+        let mut out = Vec::new();
+        for item in self.db.range(&rtxn, &range).map_err(engine_err)? {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = item.map_err(engine_err)?;
+            if v.len() > MAX_VALUE {
+                return Err(corrupt_value(v.len()));
+            }
+            out.push((k.to_vec(), v.to_vec()));
+        }
+        Ok(out)
+    }
+}
+
 /// Bytes of an LMDB page header.
 const PAGE_HEADER: u64 = 16;
 /// Bytes of an LMDB node header (before its key and value).
@@ -108,21 +206,7 @@ impl LmdbStore {
         std::fs::create_dir_all(dir)?;
         let data = dir.join("data.mdb");
         if data.exists() {
-            let start = std::time::Instant::now();
-            let summary = verify::check(&data).map_err(|e| match e {
-                verify::CheckError::Damaged(what) => MetaError::Damaged {
-                    path: data.clone(),
-                    what,
-                },
-                verify::CheckError::Io(e) => MetaError::Io(e),
-            })?;
-            tracing::info!(
-                txn = summary.txnid,
-                pages = summary.pages_read,
-                entries = summary.entries,
-                ms = start.elapsed().as_millis() as u64,
-                "metadata structure checked"
-            );
+            check_structure(&data)?;
         }
         let mut opts = EnvOpenOptions::new();
         opts.map_size(MAP_SIZE).max_dbs(1).max_readers(1024);
