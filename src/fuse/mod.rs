@@ -8,9 +8,11 @@
 
 mod answer;
 mod attr;
+pub mod proto;
 pub mod session;
 pub mod stats;
 mod syncer;
+pub mod transport;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
