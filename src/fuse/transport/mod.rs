@@ -1,3 +1,86 @@
 //! Moving requests and replies between the kernel and the daemon: the
 //! mount, `/dev/fuse`, and FUSE over io_uring. No protocol decoding beyond
 //! the request header here (see `proto`).
+//!
+//! One request-handling path for both transports: each request reaches the
+//! [`Handler`] as a [`RawRequest`] (the kernel's header, the operation's own
+//! structure, the payload) with a [`Reply`] that knows its way back.
+#![allow(dead_code)] // used once the adapter moves over from fuser
+
+pub mod uring;
+
+/// One request as a transport received it.
+pub struct RawRequest<'a> {
+    /// The `fuse_in_header` (40 bytes).
+    pub header: &'a [u8],
+    /// Over io_uring: the ring entry's `op_in` area (the operation's own
+    /// structure, e.g. `fuse_write_in`, at its start). Over `/dev/fuse`:
+    /// `None`, and that structure starts the payload.
+    pub op_in: Option<&'a [u8]>,
+    /// The rest: names, values, written data.
+    pub payload: &'a [u8],
+}
+
+/// What serves requests (the FUSE adapter).
+pub trait Handler: Send + Sync + 'static {
+    /// Serves one request; `reply` may be answered later, from any thread.
+    fn handle(&self, req: RawRequest<'_>, reply: Reply);
+}
+
+/// Where a request's reply goes. Dropped without an answer, it answers
+/// `EIO` (a handler bug must not leave the caller hanging).
+pub struct Reply {
+    unique: u64,
+    route: Option<Route>,
+}
+
+enum Route {
+    // Dev(...) — the /dev/fuse writer
+    Uring(uring::Slot),
+}
+
+impl Reply {
+    /// A reply for a request that came over io_uring.
+    pub(super) fn from_uring(unique: u64, slot: uring::Slot) -> Reply {
+        Reply {
+            unique,
+            route: Some(Route::Uring(slot)),
+        }
+    }
+
+    /// The request's `unique`.
+    pub fn unique(&self) -> u64 {
+        self.unique
+    }
+
+    /// Success, with `body` (the reply's structures, in order).
+    pub fn send(mut self, body: &[&[u8]]) {
+        self.finish(0, body);
+    }
+
+    /// Failure with `errno` (positive, e.g. `libc::ENOENT`).
+    pub fn error(mut self, errno: i32) {
+        self.finish(-errno, &[]);
+    }
+
+    /// No reply (FORGET, BATCH_FORGET: the kernel expects none).
+    pub fn none(mut self) {
+        self.route = None;
+    }
+
+    fn finish(&mut self, error: i32, body: &[&[u8]]) {
+        match self.route.take() {
+            Some(Route::Uring(slot)) => slot.send(self.unique, error, body),
+            None => {}
+        }
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        if self.route.is_some() {
+            tracing::error!(unique = self.unique, "request dropped without a reply; answering EIO");
+            self.finish(-libc::EIO, &[]);
+        }
+    }
+}
