@@ -7,3 +7,4 @@
 #![allow(dead_code)] // used once the adapter moves over from fuser
 
 pub mod abi;
+pub mod request;
