@@ -7,4 +7,5 @@
 #![allow(dead_code)] // used once the adapter moves over from fuser
 
 pub mod abi;
+pub mod reply;
 pub mod request;
