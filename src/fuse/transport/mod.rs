@@ -7,7 +7,16 @@
 //! structure, the payload) with a [`Reply`] that knows its way back.
 #![allow(dead_code)] // used once the adapter moves over from fuser
 
+mod conn;
+mod dev;
+mod mount;
+#[cfg(test)]
+mod tests;
 pub mod uring;
+
+pub use conn::{BackingId, Conn, Notifier};
+pub use dev::{InitOutcome, ServeOptions, serve};
+pub use mount::{MountOptions, Unmounter, mount};
 
 /// One request as a transport received it.
 pub struct RawRequest<'a> {
@@ -35,7 +44,8 @@ pub struct Reply {
 }
 
 enum Route {
-    // Dev(...) — the /dev/fuse writer
+    /// Written to the `/dev/fuse` file the request was read from.
+    Dev(dev::DevRoute),
     Uring(uring::Slot),
 }
 
@@ -45,6 +55,14 @@ impl Reply {
         Reply {
             unique,
             route: Some(Route::Uring(slot)),
+        }
+    }
+
+    /// A reply for a request read from `/dev/fuse`.
+    fn from_dev(unique: u64, route: dev::DevRoute) -> Reply {
+        Reply {
+            unique,
+            route: Some(Route::Dev(route)),
         }
     }
 
@@ -70,6 +88,7 @@ impl Reply {
 
     fn finish(&mut self, error: i32, body: &[&[u8]]) {
         match self.route.take() {
+            Some(Route::Dev(dev)) => dev.send(self.unique, error, body),
             Some(Route::Uring(slot)) => slot.send(self.unique, error, body),
             None => {}
         }
@@ -79,7 +98,10 @@ impl Reply {
 impl Drop for Reply {
     fn drop(&mut self) {
         if self.route.is_some() {
-            tracing::error!(unique = self.unique, "request dropped without a reply; answering EIO");
+            tracing::error!(
+                unique = self.unique,
+                "request dropped without a reply; answering EIO"
+            );
             self.finish(-libc::EIO, &[]);
         }
     }

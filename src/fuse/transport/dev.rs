@@ -1,0 +1,312 @@
+//! Serving a session over `/dev/fuse`: INIT on the session file, then
+//! worker threads, each reading requests from its own clone of it and
+//! writing the replies back to the file the request came from.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::thread;
+
+use super::conn::{Conn, write_message};
+use super::{Handler, RawRequest, Reply};
+
+/// Size of `struct fuse_in_header`.
+const IN_HEADER_LEN: usize = 40;
+/// `FUSE_INIT`.
+const OP_INIT: u32 = 26;
+/// `FUSE_MAX_PAGES` in `fuse_init_out.flags`.
+const FLAG_MAX_PAGES: u32 = 1 << 22;
+/// The largest extended attribute value (`XATTR_SIZE_MAX`): a SETXATTR
+/// carries it whole, whatever `max_write` is.
+const XATTR_SIZE_MAX: usize = 64 * 1024;
+/// Room for a request's headers and names beside its data: the in-header
+/// and `fuse_write_in` (80 bytes), a page for the rest.
+const HEADROOM: usize = 4096 + 80;
+/// The read buffer for INIT, before `max_write` is known (what libfuse
+/// reads it with: 32 pages and a page). INIT itself is ~100 bytes.
+const INIT_BUFFER: usize = 33 * 4096;
+
+/// How a session is served.
+#[derive(Clone, Copy, Debug)]
+pub struct ServeOptions {
+    /// `/dev/fuse` reader threads (0 counts as 1).
+    pub threads: usize,
+    /// Entries per io_uring queue, when INIT enabled FUSE over io_uring.
+    pub uring_depth: usize,
+}
+
+/// What the daemon answers to INIT, and what it means for the transport.
+#[derive(Clone, Debug)]
+pub struct InitOutcome {
+    /// The `fuse_init_out` bytes.
+    pub reply: Vec<u8>,
+    /// The reply enables FUSE over io_uring (`FUSE_OVER_IO_URING`): start
+    /// the rings.
+    pub uring: bool,
+    /// The `max_write` of the reply.
+    pub max_write: u32,
+}
+
+impl InitOutcome {
+    /// The most data one request may carry: `max_write`, the request size
+    /// `max_pages` allows (when the reply sets `FUSE_MAX_PAGES`), and an
+    /// extended attribute value.
+    fn payload_size(&self) -> usize {
+        let mut size = (self.max_write as usize).max(XATTR_SIZE_MAX);
+        let r = &self.reply;
+        if r.len() >= 32 {
+            let flags = u32::from_ne_bytes([r[12], r[13], r[14], r[15]]);
+            let max_pages = u16::from_ne_bytes([r[28], r[29]]) as usize;
+            if flags & FLAG_MAX_PAGES != 0 {
+                size = size.max(max_pages * page_size());
+            }
+        }
+        size
+    }
+}
+
+fn page_size() -> usize {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .map_or(4096, |p| p as usize)
+}
+
+/// The way back for a request read from `/dev/fuse`: the file it came from
+/// (a clone's replies must go to that clone).
+pub(super) struct DevRoute {
+    file: Arc<File>,
+}
+
+impl DevRoute {
+    pub(super) fn new(file: Arc<File>) -> DevRoute {
+        DevRoute { file }
+    }
+
+    /// Writes `fuse_out_header` + `body` with one `writev`.
+    pub(super) fn send(self, unique: u64, error: i32, body: &[&[u8]]) {
+        if let Err(e) = write_message(&self.file, unique, error, body) {
+            match e.raw_os_error() {
+                // The request was interrupted and is gone; or the session has
+                // ended (a reply sent after `serve` returned).
+                Some(libc::ENOENT) | Some(libc::ENODEV) => {}
+                _ => tracing::warn!(unique, error, %e, "writing a FUSE reply"),
+            }
+        }
+    }
+}
+
+/// Serves the session until it is unmounted and every worker has stopped.
+///
+/// Reads INIT on the session file and answers it with what `init` returns
+/// (`Err(errno)`: that errno is the answer, and `serve` fails). Then
+/// `o.threads` workers, each on its own clone of the file, read requests
+/// and pass them to `handler`; when INIT enabled FUSE over io_uring, the
+/// rings are started too (if that fails, `/dev/fuse` serves everything).
+/// FORGET, INTERRUPT and notifications always use `/dev/fuse`.
+///
+/// Returns once reads fail with `ENODEV` (the mount is gone) in every
+/// worker, all of them joined; `Ok` also when the mount went away before
+/// INIT. A `Reply` still held then fails harmlessly.
+pub fn serve(
+    conn: &Conn,
+    handler: Arc<dyn Handler>,
+    init: impl FnOnce(RawRequest<'_>) -> Result<InitOutcome, i32>,
+    o: &ServeOptions,
+) -> io::Result<()> {
+    let Some(outcome) = answer_init(conn, init)? else {
+        tracing::info!("the mount went away before INIT");
+        return Ok(());
+    };
+    let payload_size = outcome.payload_size();
+    let buffer_size = payload_size + HEADROOM;
+
+    let threads = o.threads.max(1);
+    let mut workers = Vec::with_capacity(threads);
+    let mut cloning = true;
+    for i in 0..threads {
+        let file = if cloning {
+            match conn.clone_dev() {
+                Ok(f) => Arc::new(f),
+                Err(e) => {
+                    // Pre-4.5 kernels: every worker reads the session file.
+                    tracing::warn!(error = %e, "cannot clone /dev/fuse; workers share one file");
+                    cloning = false;
+                    Arc::clone(conn.file())
+                }
+            }
+        } else {
+            Arc::clone(conn.file())
+        };
+        let handler = Arc::clone(&handler);
+        let spawned = thread::Builder::new()
+            .name(format!("safs-fuse-{i}"))
+            .spawn(move || worker(file, handler, buffer_size));
+        match spawned {
+            Ok(w) => workers.push(w),
+            // Already-running workers serve until the unmount; with none,
+            // nothing would read the requests.
+            Err(e) if workers.is_empty() => return Err(e),
+            Err(e) => {
+                tracing::warn!(error = %e, started = i, "cannot start every FUSE worker");
+                break;
+            }
+        }
+    }
+
+    let queues = if outcome.uring {
+        match start_uring(
+            conn.as_fd(),
+            Arc::clone(&handler),
+            o.uring_depth,
+            payload_size,
+        ) {
+            Ok(q) => Some(q),
+            Err(e) => {
+                tracing::warn!(error = %e, "FUSE over io_uring did not start; serving on /dev/fuse");
+                None
+            }
+        }
+    } else {
+        None
+    };
+
+    let mut result = Ok(());
+    for w in workers {
+        let r = w
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("a FUSE worker panicked")));
+        if let Err(e) = r {
+            tracing::error!(error = %e, "FUSE worker failed");
+            if result.is_ok() {
+                result = Err(e);
+            }
+        }
+    }
+    if let Some(q) = queues {
+        q.join();
+    }
+    result
+}
+
+/// Reads INIT on the session file and answers it. `None`: the mount went
+/// away first.
+fn answer_init(
+    conn: &Conn,
+    init: impl FnOnce(RawRequest<'_>) -> Result<InitOutcome, i32>,
+) -> io::Result<Option<InitOutcome>> {
+    let file = conn.file();
+    let mut buf = vec![0u8; INIT_BUFFER];
+    let Some(n) = read_request(file, &mut buf)? else {
+        return Ok(None);
+    };
+    let Some((opcode, unique)) = parse_header(&buf[..n]) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a {n}-byte first request from the kernel"),
+        ));
+    };
+    if opcode != OP_INIT {
+        let _ = write_message(file, unique, -libc::EIO, &[]);
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("the kernel's first request is opcode {opcode}, not INIT"),
+        ));
+    }
+    let req = RawRequest {
+        header: &buf[..IN_HEADER_LEN],
+        op_in: None,
+        payload: &buf[IN_HEADER_LEN..n],
+    };
+    match init(req) {
+        Ok(outcome) => {
+            write_message(file, unique, 0, &[&outcome.reply])?;
+            Ok(Some(outcome))
+        }
+        Err(errno) => {
+            let _ = write_message(file, unique, -errno, &[]);
+            let e = io::Error::from_raw_os_error(errno);
+            Err(io::Error::new(e.kind(), format!("INIT refused: {e}")))
+        }
+    }
+}
+
+/// One request into `buf`: its length, or `None` once the session has
+/// ended (`ENODEV`).
+fn read_request(file: &File, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    loop {
+        match (&*file).read(buf) {
+            Ok(n) => return Ok(Some(n)),
+            Err(e) => match e.raw_os_error() {
+                // ENOENT: the request was interrupted before we read it.
+                Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::ENOENT) => continue,
+                Some(libc::ENODEV) => return Ok(None),
+                _ => return Err(e),
+            },
+        }
+    }
+}
+
+/// The opcode and unique of a request whose length is consistent.
+fn parse_header(req: &[u8]) -> Option<(u32, u64)> {
+    if req.len() < IN_HEADER_LEN {
+        return None;
+    }
+    let len = u32::from_ne_bytes(req[0..4].try_into().ok()?) as usize;
+    let opcode = u32::from_ne_bytes(req[4..8].try_into().ok()?);
+    let unique = u64::from_ne_bytes(req[8..16].try_into().ok()?);
+    (len == req.len()).then_some((opcode, unique))
+}
+
+/// One worker: reads requests from `file` until the session ends.
+fn worker(file: Arc<File>, handler: Arc<dyn Handler>, buffer_size: usize) -> io::Result<()> {
+    let mut buf = vec![0u8; buffer_size];
+    while let Some(n) = read_request(&file, &mut buf)? {
+        let req = &buf[..n];
+        let Some((_, unique)) = parse_header(req) else {
+            tracing::error!(len = n, "malformed FUSE request ignored");
+            if n >= 16 {
+                let unique = u64::from_ne_bytes(req[8..16].try_into().expect("8 bytes"));
+                let _ = write_message(&file, unique, -libc::EIO, &[]);
+            }
+            continue;
+        };
+        let reply = Reply::from_dev(unique, DevRoute::new(Arc::clone(&file)));
+        let raw = RawRequest {
+            header: &req[..IN_HEADER_LEN],
+            op_in: None,
+            payload: &req[IN_HEADER_LEN..],
+        };
+        // A handler bug fails one request (its dropped reply answers EIO),
+        // not the worker: the mount must keep being served.
+        if catch_unwind(AssertUnwindSafe(|| handler.handle(raw, reply))).is_err() {
+            tracing::error!(unique, "FUSE handler panicked");
+        }
+    }
+    Ok(())
+}
+
+/// Stands for `uring::Queues` until it exists: no value of it can be made.
+enum NoQueues {}
+
+impl NoQueues {
+    fn join(self) {
+        match self {}
+    }
+}
+
+/// Starts the io_uring queues of the session.
+// TODO(uring): call uring::start once it lands.
+fn start_uring(
+    conn_fd: BorrowedFd<'_>,
+    handler: Arc<dyn Handler>,
+    depth: usize,
+    payload_size: usize,
+) -> io::Result<NoQueues> {
+    let _ = (conn_fd, handler, depth, payload_size);
+    Err(io::Error::other(
+        "FUSE over io_uring is not implemented yet",
+    ))
+}
