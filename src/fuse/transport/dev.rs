@@ -4,13 +4,13 @@
 
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::AsFd;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::thread;
 
 use super::conn::{Conn, write_message};
-use super::{Handler, RawRequest, Reply};
+use super::{Handler, RawRequest, Reply, uring};
 
 /// Size of `struct fuse_in_header`.
 const IN_HEADER_LEN: usize = 40;
@@ -157,7 +157,7 @@ pub fn serve(
     }
 
     let queues = if outcome.uring {
-        match start_uring(
+        match uring::start(
             conn.as_fd(),
             Arc::clone(&handler),
             o.uring_depth,
@@ -286,27 +286,4 @@ fn worker(file: Arc<File>, handler: Arc<dyn Handler>, buffer_size: usize) -> io:
         }
     }
     Ok(())
-}
-
-/// Stands for `uring::Queues` until it exists: no value of it can be made.
-enum NoQueues {}
-
-impl NoQueues {
-    fn join(self) {
-        match self {}
-    }
-}
-
-/// Starts the io_uring queues of the session.
-// TODO(uring): call uring::start once it lands.
-fn start_uring(
-    conn_fd: BorrowedFd<'_>,
-    handler: Arc<dyn Handler>,
-    depth: usize,
-    payload_size: usize,
-) -> io::Result<NoQueues> {
-    let _ = (conn_fd, handler, depth, payload_size);
-    Err(io::Error::other(
-        "FUSE over io_uring is not implemented yet",
-    ))
 }

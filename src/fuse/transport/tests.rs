@@ -175,6 +175,15 @@ fn start(
     mounter: fn(&Path, &MountOptions) -> io::Result<(Conn, Unmounter)>,
     passthrough: bool,
 ) -> Mounted {
+    start_uring(mounter, passthrough, false)
+}
+
+/// `uring`: the outcome of INIT asks for the rings (its reply does not).
+fn start_uring(
+    mounter: fn(&Path, &MountOptions) -> io::Result<(Conn, Unmounter)>,
+    passthrough: bool,
+    uring: bool,
+) -> Mounted {
     let dir = tempfile::tempdir().unwrap();
     let (conn, unmounter) = mounter(dir.path(), &options()).unwrap();
     let fs = Arc::new(TestFs::default());
@@ -189,13 +198,13 @@ fn start(
             let _ = init_tx.send(passthrough);
             Ok(InitOutcome {
                 reply,
-                uring: false,
+                uring,
                 max_write: MAX_WRITE,
             })
         };
         let o = ServeOptions {
             threads: 2,
-            uring_depth: 0,
+            uring_depth: 4,
         };
         let _ = tx.send(serve(&serving, handler, init, &o));
     });
@@ -296,6 +305,15 @@ fn mount_serve_unmount_fusermount() {
         return;
     }
     mount_serve_unmount(mount::mount_with_fusermount);
+}
+
+#[test]
+fn a_failed_uring_start_leaves_dev_fuse_serving() {
+    // The INIT reply lacks FUSE_OVER_IO_URING: the kernel refuses the rings.
+    let mut m = start_uring(mount, false, true);
+    assert!(std::fs::metadata(m.path().join("file")).unwrap().is_file());
+    assert_eq!(m.fs.lookups(b"file"), 1);
+    m.unmount().unwrap();
 }
 
 #[test]
