@@ -21,8 +21,8 @@ use clap::Args;
 
 use safs::core::volume::{self, Layout, VolumeLock};
 use safs::core::{Atime, AtimeMode, Fs, Options};
-use safs::fuse::DataPath;
 use safs::fuse::session::{Session, SessionOptions, set_mount_flags};
+use safs::fuse::{DataPath, Transport};
 use zeroize::Zeroizing;
 
 use super::passphrase;
@@ -42,6 +42,8 @@ pub struct MountArgs {
     /// passthrough, nopassthrough, nonempty, dev, suid, noexec,
     /// nosymfollow, relatime (default), noatime, strictatime, nodiratime,
     /// commit_ms=N, threads=N, cache_mb=N (inode cache budget, default 256),
+    /// transport=auto|uring|dev (FUSE over io_uring when the kernel offers
+    /// it, the default, or required, or /dev/fuse reads and writes),
     /// dircache=0|1 (the directory cache, half of cache_mb at most; on by
     /// default for encrypted volumes only), passphrase_file=FILE (the passphrase of an encrypted volume, e.g.
     /// in /etc/fstab; encrypted volumes refuse passthrough).
@@ -64,6 +66,7 @@ struct MountOpts {
     sync: bool,
     dirsync: bool,
     data_path: DataPath,
+    transport: Transport,
     nonempty: bool,
     dev: bool,
     suid: bool,
@@ -94,6 +97,7 @@ impl MountOpts {
             atime: self.atime,
             threads: self.threads,
             data_path: self.data_path,
+            transport: self.transport,
         }
     }
 }
@@ -107,6 +111,7 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
         sync: false,
         dirsync: false,
         data_path: DataPath::Auto,
+        transport: Transport::Auto,
         nonempty: false,
         dev: false,
         suid: false,
@@ -142,6 +147,14 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
             "dirsync" => o.dirsync = true,
             "passthrough" => o.data_path = DataPath::Passthrough,
             "nopassthrough" => o.data_path = DataPath::Daemon,
+            "transport" => {
+                o.transport = match val {
+                    Some("auto") => Transport::Auto,
+                    Some("uring") => Transport::Uring,
+                    Some("dev") => Transport::Dev,
+                    _ => bail!("option transport takes auto, uring or dev (transport=uring)"),
+                }
+            }
             "nonempty" => o.nonempty = true,
             "dev" => o.dev = true,
             "nodev" => o.dev = false,
@@ -221,8 +234,14 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
 fn check_mountpoint(volume: &Path, mnt: &Path, nonempty: bool) -> anyhow::Result<()> {
     let meta = match std::fs::metadata(mnt) {
         // A FUSE mount whose daemon is gone: ENOTCONN, or ECONNABORTED
-        // while the kernel is still aborting the connection.
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)) => {
+        // while the kernel is still aborting the connection, or ECANCELED
+        // while it is still cancelling the dead daemon's io_uring queues.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED)
+            ) =>
+        {
             clear_dead_mount(volume, mnt)?;
             std::fs::metadata(mnt)
         }
@@ -425,9 +444,7 @@ fn spawn_daemon(
 
 fn init_logging(to_file: Option<&Path>) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SAFS_LOG")
-        // fuser warns when its own unmount-on-drop finds the kernel already
-        // unmounted (the normal `umount` path): not worth a log line.
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fuser::session=error"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false);
@@ -502,7 +519,9 @@ fn serve(
             )
         })?;
 
-    let mut unmounter = session.unmounter();
+    let mut unmounter = session
+        .unmounter()
+        .expect("a new session has its unmounter");
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,

@@ -1,15 +1,16 @@
 //! Every handler replies exactly once, through [`Answer::answer`]: the
 //! outcome of a core operation becomes the reply or its errno in one place
-//! (the `From<CoreError> for Errno` conversion), so no handler can forget
-//! the error arm or reply twice.
+//! (`CoreError::errno`), so no handler can forget the error arm or reply
+//! twice. Each reply kind wraps the transport's [`Reply`] with the one
+//! encoding its operation takes.
 
 use std::time::Duration;
 
-use fuser::{
-    Errno, FileAttr, Generation, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
-    ReplyEmpty, ReplyEntry, ReplyLseek, ReplyStatfs, ReplyWrite, ReplyXattr,
-};
+use zerocopy::IntoBytes;
 
+use super::proto::abi;
+use super::proto::reply::{self as enc, DirBuf};
+use super::transport::Reply;
 use crate::core;
 
 pub(super) trait Answer: Sized {
@@ -18,64 +19,78 @@ pub(super) trait Answer: Sized {
 
     fn value(self, v: Self::Value);
 
-    fn errno(self, e: Errno);
+    fn into_reply(self) -> Reply;
 
     fn answer(self, r: core::Result<Self::Value>) {
         match r {
             Ok(v) => self.value(v),
-            Err(e) => self.errno(e.into()),
+            Err(e) => self.into_reply().error(e.errno()),
         }
     }
 }
 
-impl Answer for ReplyEmpty {
+/// Success with no body.
+pub(super) struct Empty(pub Reply);
+
+impl Answer for Empty {
     type Value = ();
     fn value(self, (): ()) {
-        self.ok();
+        self.0.send(&[]);
     }
-    fn errno(self, e: Errno) {
-        self.error(e);
+    fn into_reply(self) -> Reply {
+        self.0
     }
 }
 
-impl Answer for ReplyData {
+/// File or link contents.
+pub(super) struct Data(pub Reply);
+
+impl Answer for Data {
     type Value = Vec<u8>;
     fn value(self, v: Vec<u8>) {
-        self.data(&v);
+        self.0.send(&[&v]);
     }
-    fn errno(self, e: Errno) {
-        self.error(e);
+    fn into_reply(self) -> Reply {
+        self.0
     }
 }
 
-impl Answer for ReplyWrite {
+/// Bytes written.
+pub(super) struct Written(pub Reply);
+
+impl Answer for Written {
     type Value = u32;
     fn value(self, n: u32) {
-        self.written(n);
+        self.0.send(&[enc::write_out(n).as_bytes()]);
     }
-    fn errno(self, e: Errno) {
-        self.error(e);
+    fn into_reply(self) -> Reply {
+        self.0
     }
 }
 
-impl Answer for ReplyLseek {
+/// A file offset (`lseek`).
+pub(super) struct Offset(pub Reply);
+
+impl Answer for Offset {
     type Value = i64;
     fn value(self, o: i64) {
-        self.offset(o);
+        self.0.send(&[enc::lseek_out(o).as_bytes()]);
     }
-    fn errno(self, e: Errno) {
-        self.error(e);
+    fn into_reply(self) -> Reply {
+        self.0
     }
 }
 
 /// Attributes and how long the kernel may keep them.
-impl Answer for ReplyAttr {
-    type Value = (Duration, FileAttr);
-    fn value(self, (ttl, attr): (Duration, FileAttr)) {
-        self.attr(&ttl, &attr);
+pub(super) struct Attrs(pub Reply);
+
+impl Answer for Attrs {
+    type Value = (Duration, abi::Attr);
+    fn value(self, (ttl, attr): (Duration, abi::Attr)) {
+        self.0.send(&[enc::attr_out(ttl, attr).as_bytes()]);
     }
-    fn errno(self, e: Errno) {
-        self.error(e);
+    fn into_reply(self) -> Reply {
+        self.0
     }
 }
 
@@ -84,67 +99,82 @@ impl Answer for ReplyAttr {
 pub(super) struct Entry {
     pub attr_ttl: Duration,
     pub entry_ttl: Duration,
-    pub attr: FileAttr,
-    pub generation: Generation,
+    pub attr: abi::Attr,
+    pub generation: u64,
 }
 
-impl Answer for ReplyEntry {
+impl Entry {
+    pub fn out(&self) -> abi::EntryOut {
+        enc::entry_out(
+            self.attr.ino,
+            self.generation,
+            self.entry_ttl,
+            self.attr_ttl,
+            self.attr,
+        )
+    }
+}
+
+pub(super) struct Entries(pub Reply);
+
+impl Answer for Entries {
     type Value = Entry;
     fn value(self, e: Entry) {
-        self.entry_with_ttls(&e.attr_ttl, &e.entry_ttl, &e.attr, e.generation);
+        self.0.send(&[e.out().as_bytes()]);
     }
-    fn errno(self, e: Errno) {
-        self.error(e);
-    }
-}
-
-/// A listing whose entries were added to the reply as it was read.
-impl Answer for ReplyDirectory {
-    type Value = ();
-    fn value(self, (): ()) {
-        self.ok();
-    }
-    fn errno(self, e: Errno) {
-        self.error(e);
+    fn into_reply(self) -> Reply {
+        self.0
     }
 }
 
-impl Answer for ReplyDirectoryPlus {
-    type Value = ();
-    fn value(self, (): ()) {
-        self.ok();
+/// A listing whose entries were added to the buffer as it was read.
+pub(super) struct Listing(pub Reply);
+
+impl Answer for Listing {
+    type Value = DirBuf;
+    fn value(self, buf: DirBuf) {
+        self.0.send(&[buf.bytes()]);
     }
-    fn errno(self, e: Errno) {
-        self.error(e);
+    fn into_reply(self) -> Reply {
+        self.0
     }
 }
 
-impl Answer for ReplyStatfs {
+pub(super) struct Statfs(pub Reply);
+
+impl Answer for Statfs {
     type Value = core::Statfs;
     fn value(self, s: core::Statfs) {
-        self.statfs(
+        let out = enc::statfs_out(
             s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize,
         );
+        self.0.send(&[out.as_bytes()]);
     }
-    fn errno(self, e: Errno) {
-        self.error(e);
+    fn into_reply(self) -> Reply {
+        self.0
     }
 }
 
 /// An xattr value or name list, and the size of the caller's buffer:
 /// `size == 0` asks for the length; a smaller buffer than needed is ERANGE.
-impl Answer for ReplyXattr {
-    type Value = (Vec<u8>, u32);
-    fn value(self, (value, size): (Vec<u8>, u32)) {
-        if size == 0 {
-            self.size(value.len() as u32);
-        } else if (size as usize) < value.len() {
-            self.error(Errno::from_i32(libc::ERANGE));
+pub(super) struct Xattr {
+    pub reply: Reply,
+    pub size: u32,
+}
+
+impl Answer for Xattr {
+    type Value = Vec<u8>;
+    fn value(self, value: Vec<u8>) {
+        if self.size == 0 {
+            self.reply
+                .send(&[enc::getxattr_out(value.len() as u32).as_bytes()]);
+        } else if (self.size as usize) < value.len() {
+            self.reply.error(libc::ERANGE);
         } else {
-            self.data(&value);
+            self.reply.send(&[&value]);
         }
     }
-    fn errno(self, e: Errno) {
-        self.error(e);
+    fn into_reply(self) -> Reply {
+        self.reply
     }
 }

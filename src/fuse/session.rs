@@ -1,16 +1,15 @@
 //! A FUSE session serving one volume on one mountpoint: the kernel mount,
-//! its flags, the request threads, and unmounting. The command line asks
-//! for "serve this `Fs` on this mountpoint with these options"; what fuser
-//! and mount(2) need is decided here.
+//! its flags, the transport, and unmounting. The command line asks for
+//! "serve this `Fs` on this mountpoint with these options"; what the
+//! transport and mount(2) need is decided here.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use fuser::{Config, MountOption, SessionACL};
 use nix::mount::MsFlags;
 
 use super::stats::Stats;
-use super::{DataPath, SafsFuse};
+use super::{DataPath, SafsFuse, Transport, transport};
 use crate::core::{Atime, AtimeMode, Fs};
 
 /// How a mount looks to the kernel and to the programs using it.
@@ -35,6 +34,8 @@ pub struct SessionOptions {
     /// Request threads.
     pub threads: usize,
     pub data_path: DataPath,
+    /// How requests reach the daemon (`-o transport=`).
+    pub transport: Transport,
 }
 
 impl SessionOptions {
@@ -58,59 +59,46 @@ impl SessionOptions {
         f
     }
 
-    fn fuser_config(&self) -> Config {
-        let mut mount_options = vec![
-            MountOption::FSName(self.fsname.clone()),
-            // fuser's direct mount(2) ignores Subtype; the kernel takes it
-            // as an option.
-            MountOption::CUSTOM("subtype=safs".into()),
+    /// What mount(2) is given: the flags FUSE's mount takes at once (the
+    /// atime rules and nosymfollow follow with a bind remount, see
+    /// [`Session::mount`]).
+    fn transport_options(&self) -> transport::MountOptions {
+        let mut flags = MsFlags::empty();
+        flags.set(MsFlags::MS_RDONLY, self.read_only);
+        flags.set(MsFlags::MS_NODEV, !self.dev);
+        flags.set(MsFlags::MS_NOSUID, !self.suid);
+        flags.set(MsFlags::MS_NOEXEC, !self.exec);
+        // The kernel then writes data synchronously too, and asks for an
+        // FSYNC after each write.
+        flags.set(MsFlags::MS_SYNCHRONOUS, self.sync);
+        flags.set(MsFlags::MS_DIRSYNC, self.dirsync);
+        transport::MountOptions {
+            fsname: self.fsname.clone(),
+            subtype: "safs".into(),
+            flags,
+            allow_other: self.allow_other,
             // The kernel checks permissions (mode bits and ACLs) itself: no
             // ACCESS round trips, and the same rules as any local filesystem.
-            MountOption::DefaultPermissions,
-            if self.read_only {
-                MountOption::RO
-            } else {
-                MountOption::RW
-            },
-        ];
-        if self.dev {
-            mount_options.push(MountOption::Dev);
+            default_permissions: true,
         }
-        if self.suid {
-            mount_options.push(MountOption::Suid);
-        }
-        if !self.exec {
-            mount_options.push(MountOption::NoExec);
-        }
-        if self.sync {
-            // The kernel then writes data synchronously too, and asks for
-            // an FSYNC after each write.
-            mount_options.push(MountOption::Sync);
-        }
-        if self.dirsync {
-            mount_options.push(MountOption::DirSync);
-        }
-        let mut config = Config::default();
-        config.mount_options = mount_options;
-        config.acl = if self.allow_other {
-            SessionACL::All
-        } else {
-            SessionACL::Owner
-        };
-        config.n_threads = Some(self.threads);
-        config.clone_fd = true;
-        config
     }
 }
 
+/// Ring entries per io_uring queue (one queue per CPU). Each holds a
+/// payload buffer of the largest write.
+const URING_DEPTH: usize = 8;
+
 /// A mounted, not yet serving session.
 pub struct Session {
-    inner: fuser::Session<SafsFuse>,
+    adapter: Arc<SafsFuse>,
+    conn: transport::Conn,
+    unmounter: Option<transport::Unmounter>,
     mountpoint: PathBuf,
+    threads: usize,
 }
 
 /// Ends a session from another thread (a signal handler).
-pub struct Unmounter(fuser::SessionUnmounter);
+pub struct Unmounter(transport::Unmounter);
 
 impl Unmounter {
     pub fn unmount(&mut self) -> std::io::Result<()> {
@@ -127,21 +115,25 @@ impl Session {
         o: &SessionOptions,
         stats: Arc<Stats>,
     ) -> std::io::Result<Session> {
-        let adapter = SafsFuse::new(fs, o.data_path, stats);
-        let notifier = adapter.notifier_slot();
-        let inner = fuser::Session::new(adapter, mountpoint, &o.fuser_config())?;
-        let _ = notifier.set(inner.notifier());
-        // Per-mount flags fuser has no options for (relatime, strictatime,
-        // nodiratime, nosymfollow): set them all with one bind remount.
+        let adapter = Arc::new(SafsFuse::new(fs, o.data_path, o.transport, stats));
+        let (conn, unmounter) = transport::mount(mountpoint, &o.transport_options())?;
+        adapter.set_conn(conn.clone());
+        // Per-mount flags mount(2) of FUSE takes apart (relatime,
+        // strictatime, nodiratime, nosymfollow): all set with one bind
+        // remount.
         set_mount_flags(mountpoint, o.mount_flags(), true)?;
         Ok(Session {
-            inner,
+            adapter,
+            conn,
+            unmounter: Some(unmounter),
             mountpoint: mountpoint.to_path_buf(),
+            threads: o.threads,
         })
     }
 
-    pub fn unmounter(&mut self) -> Unmounter {
-        Unmounter(self.inner.unmount_callable())
+    /// The unmounter (once: later calls get `None`).
+    pub fn unmounter(&mut self) -> Option<Unmounter> {
+        self.unmounter.take().map(Unmounter)
     }
 
     pub fn mountpoint(&self) -> &Path {
@@ -150,7 +142,17 @@ impl Session {
 
     /// Serves requests until the filesystem is unmounted.
     pub fn run(self) -> std::io::Result<()> {
-        self.inner.run()
+        let handler: Arc<dyn transport::Handler> = self.adapter.clone();
+        let adapter = Arc::clone(&self.adapter);
+        transport::serve(
+            &self.conn,
+            handler,
+            move |req| adapter.init(req),
+            &transport::ServeOptions {
+                threads: self.threads,
+                uring_depth: URING_DEPTH,
+            },
+        )
     }
 }
 

@@ -7,9 +7,7 @@
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, Sender, channel};
 
-use fuser::ReplyEmpty;
-
-use super::answer::Answer;
+use super::answer::{Answer, Empty};
 use crate::core::{Fh, Fs};
 
 pub(super) enum Job {
@@ -17,10 +15,10 @@ pub(super) enum Job {
     File {
         fh: Fh,
         datasync: bool,
-        reply: ReplyEmpty,
+        reply: Empty,
     },
     /// `fsync` of a directory: every metadata change so far.
-    Dir { reply: ReplyEmpty },
+    Dir { reply: Empty },
 }
 
 /// Starts the worker; it ends when the returned sender (and its clones)
@@ -52,11 +50,11 @@ fn run(fs: &Fs, rx: &Receiver<Job>) {
         }
         // One commit wait covers every change made before these requests.
         match fs.sync() {
-            Ok(()) => waiting.into_iter().for_each(ReplyEmpty::ok),
+            Ok(()) => waiting.into_iter().for_each(|r| r.value(())),
             Err(e) => {
-                let errno: fuser::Errno = e.into();
+                let errno = e.errno();
                 for r in waiting {
-                    r.errno(errno);
+                    r.0.error(errno);
                 }
             }
         }
