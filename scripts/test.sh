@@ -9,13 +9,16 @@
 #   1. cargo fmt --all -- --check
 #   2. cargo clippy --workspace --all-targets -- -D warnings
 #   3. cargo test --workspace --release --no-fail-fast: unit and property tests
-#      (the core, the control protocol, the bench), and
-#      tests/mount_*.rs, which format and mount real volumes through /dev/fuse
+#      (the core, the control protocol, the bench, the FUSE wire protocol and
+#      transports), and tests/mount_*.rs, which format and mount real volumes —
+#      over FUSE over io_uring, then the integration tests again over
+#      /dev/fuse
 #      (among them the full-disk durability test, tests/mount_enospc.rs: a
 #      writer outside safs fills the filesystem under the volume while safs
 #      writes with fsyncs; every acknowledged change must survive)
 #   4. pjdfstest (tests/pjdfstest.toml) in a directory of a fresh
 #      `safs mount -o allow_other`, with a secondary file system for EXDEV
+#      (over io_uring; steps 4 and 5 run again on a volume over /dev/fuse)
 #   5. pjdfstest's EROFS tests on their own (they remount read-only)
 #   6. stress-ng: its file-system stressors with --verify, one after the
 #      other, a few seconds each, on the same mount
@@ -24,6 +27,10 @@
 #      again on an encrypted volume (sealed names, records and contents)
 #   9. real Samba (smbd, smbclient) and OpenStack Swift (its object-server
 #      diskfile layer) on safs mounts: tests/interop/samba.sh and swift.sh
+# Both transports: the script sets /sys/module/fuse/parameters/enable_uring
+# to Y for the run when the kernel has it (and puts the old value back on
+# exit); on a kernel without FUSE over io_uring only /dev/fuse runs, and the
+# summary says so.
 # Every step runs even if an earlier one failed (except that pjdfstest needs a
 # built safs); the script prints a summary and exits non-zero if any failed.
 # Whatever it mounted is unmounted on exit, on failure and on Ctrl-C too.
@@ -104,6 +111,9 @@ MNT=$WORK/mnt
 ENC_VOL=$WORK/evol
 ENC_MNT=$WORK/emnt
 ENC_PASS=$WORK/passphrase
+# The second volume, served over /dev/fuse, for pjdfstest on that transport.
+DEV_VOL=$WORK/dvol
+DEV_MNT=$WORK/dmnt
 SUMMARY=()
 FAILURES=0
 TOTAL_PASSED=0
@@ -152,9 +162,10 @@ cleanup() {
   trap - EXIT
   restore_helper
   local m v
-  for m in "$MNT" "$ENC_MNT"; do
+  for m in "$MNT" "$ENC_MNT" "$DEV_MNT"; do
     v=$VOL
     [ "$m" = "$ENC_MNT" ] && v=$ENC_VOL
+    [ "$m" = "$DEV_MNT" ] && v=$DEV_VOL
     if is_mounted "$m"; then
       umount "$m" 2>/dev/null || fusermount3 -u -z "$m" 2>/dev/null || umount -l "$m" || true
       # The daemon flushes and exits; wait (bounded) until it released the lock.
@@ -165,18 +176,39 @@ cleanup() {
     fi
   done
   [ "$CLEAN_STRAY_MOUNTS" = 1 ] && clean_stray_mounts
-  if ! is_mounted "$MNT" && ! is_mounted "$ENC_MNT"; then rm -rf "$WORK"; fi
+  restore_uring
+  if ! is_mounted "$MNT" && ! is_mounted "$ENC_MNT" && ! is_mounted "$DEV_MNT"; then rm -rf "$WORK"; fi
   exit "$rc"
 }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# record STATUS SECONDS DESCRIPTION
+# FUSE over io_uring on for the run when the kernel has it; the first
+# transport in TRANSPORTS is what the main volume, the encrypted one and the
+# interop tests use.
+URING_PARAM=/sys/module/fuse/parameters/enable_uring
+URING_WAS=
+TRANSPORTS=(dev)
+if [ -w "$URING_PARAM" ]; then
+  URING_WAS=$(cat "$URING_PARAM")
+  echo Y >"$URING_PARAM"
+  TRANSPORTS=(uring dev)
+fi
+restore_uring() {
+  if [ -n "$URING_WAS" ]; then echo "$URING_WAS" >"$URING_PARAM" || true; fi
+}
+MAIN_TRANSPORT=${TRANSPORTS[0]}
+
+# record STATUS SECONDS DESCRIPTION (STATUS: PASS, FAIL or SKIP)
 record() {
   SUMMARY+=("$(printf '%-4s %5ss  %s' "$1" "$2" "$3")")
-  [ "$1" = PASS ] || FAILURES=$((FAILURES + 1))
+  case $1 in PASS | SKIP) ;; *) FAILURES=$((FAILURES + 1)) ;; esac
 }
+if [ "$MAIN_TRANSPORT" = dev ]; then
+  TOTAL_SKIPPED=$((TOTAL_SKIPPED + 1))
+  record SKIP 0 "FUSE over io_uring: this kernel has none ($URING_PARAM missing); everything ran over /dev/fuse"
+fi
 
 # step NAME COMMAND...: runs the command, records PASS/FAIL and its duration.
 step() {
@@ -190,32 +222,43 @@ step() {
 step "cargo fmt --all -- --check" cargo fmt --all -- --check
 step "cargo clippy --workspace --all-targets -- -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
 
-# cargo test --release, with per-binary counts taken from its output.
-say "cargo test --workspace --release"
-t0=$SECONDS
-set +e
-timeout -k 30 "$CARGO_TEST_TIMEOUT" cargo test --workspace --release --locked --no-fail-fast -- --test-threads=2 2>&1 | tee "$WORK/cargo-test.log"
-rc=${PIPESTATUS[0]}
-set -e
-read -r passed failed ignored < <(awk '/^test result:/ {
-    for (i = 1; i <= NF; i++) {
-      if ($(i + 1) ~ /^passed/) p += $i
-      if ($(i + 1) ~ /^failed/) f += $i
-      if ($(i + 1) ~ /^ignored/) g += $i
-    }
-  } END { print p + 0, f + 0, g + 0 }' "$WORK/cargo-test.log")
-TOTAL_PASSED=$((TOTAL_PASSED + passed))
-TOTAL_FAILED=$((TOTAL_FAILED + failed))
-TOTAL_SKIPPED=$((TOTAL_SKIPPED + ignored))
-desc="cargo test --workspace --release: $passed passed, $failed failed, $ignored ignored"
-if [ "$rc" = 124 ]; then desc="$desc (TIMED OUT after ${CARGO_TEST_TIMEOUT}s)"; fi
-if [ "$rc" = 0 ] && [ "$failed" = 0 ] && [ "$passed" -gt 0 ]; then
-  record PASS $((SECONDS - t0)) "$desc"
-else
-  record FAIL $((SECONDS - t0)) "$desc (exit $rc)"
-  CLEAN_STRAY_MOUNTS=1
-  clean_stray_mounts
-fi
+# run_cargo_test TRANSPORT ARGS...: cargo test --release ARGS with every safs
+# mount over TRANSPORT (SAFS_TRANSPORT is the daemon's default for
+# -o transport=), per-binary counts taken from its output.
+run_cargo_test() {
+  local transport=$1
+  shift
+  local name="cargo test $* (transport=$transport)"
+  local log=$WORK/cargo-test-$transport.log t0=$SECONDS rc
+  say "$name"
+  set +e
+  SAFS_TRANSPORT=$transport timeout -k 30 "$CARGO_TEST_TIMEOUT" \
+    cargo test "$@" --release --locked --no-fail-fast -- --test-threads=2 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  read -r passed failed ignored < <(awk '/^test result:/ {
+      for (i = 1; i <= NF; i++) {
+        if ($(i + 1) ~ /^passed/) p += $i
+        if ($(i + 1) ~ /^failed/) f += $i
+        if ($(i + 1) ~ /^ignored/) g += $i
+      }
+    } END { print p + 0, f + 0, g + 0 }' "$log")
+  TOTAL_PASSED=$((TOTAL_PASSED + passed))
+  TOTAL_FAILED=$((TOTAL_FAILED + failed))
+  TOTAL_SKIPPED=$((TOTAL_SKIPPED + ignored))
+  local desc="$name: $passed passed, $failed failed, $ignored ignored"
+  if [ "$rc" = 124 ]; then desc="$desc (TIMED OUT after ${CARGO_TEST_TIMEOUT}s)"; fi
+  if [ "$rc" = 0 ] && [ "$failed" = 0 ] && [ "$passed" -gt 0 ]; then
+    record PASS $((SECONDS - t0)) "$desc"
+  else
+    record FAIL $((SECONDS - t0)) "$desc (exit $rc)"
+    CLEAN_STRAY_MOUNTS=1
+    clean_stray_mounts
+  fi
+}
+run_cargo_test "$MAIN_TRANSPORT" --workspace
+# The integration tests (every real mount) once more over /dev/fuse.
+if [ "$MAIN_TRANSPORT" != dev ]; then run_cargo_test dev --workspace --test '*'; fi
 
 # pjdfstest: install the pinned version unless it is already on PATH.
 pjdfstest_ready() { have pjdfstest && [ "$(pjdfstest --version 2>/dev/null)" = "pjdfstest $PJDFSTEST_VERSION" ]; }
@@ -252,7 +295,7 @@ run_pjdfstest() {
   # The EROFS tests the full run skips run (and are counted) in the next
   # step: count a skip only once.
   local later=0
-  if [ "$name" = pjdfstest ] || [ "$name" = pjdfstest-encrypted ]; then
+  if [ "$name" = pjdfstest ] || [ "$name" = pjdfstest-encrypted ] || [ "$name" = pjdfstest-dev ]; then
     later=$(grep -cE '::erofs_[a-z_]+ +skipped$' "$log" || true)
   fi
   TOTAL_SKIPPED=$((TOTAL_SKIPPED + skipped - later))
@@ -280,7 +323,7 @@ else
   mkdir -p "$MNT" "$WORK/secondary"
   if ! "$SAFS" format "$VOL"; then
     record FAIL $((SECONDS - t0)) "pjdfstest: not run, safs format failed"
-  elif ! "$SAFS" mount "$VOL" "$MNT" -o allow_other; then
+  elif ! "$SAFS" mount "$VOL" "$MNT" -o "allow_other,transport=$MAIN_TRANSPORT"; then
     record FAIL $((SECONDS - t0)) "pjdfstest: not run, safs mount failed"
     tail -n 50 "$VOL/safs.log" 2>/dev/null || true
   else
@@ -294,6 +337,32 @@ else
       run_pjdfstest pjdfstest-erofs "$WORK/pjdfstest-erofs.toml" "$MNT/pjdfstest-erofs" erofs
     else
       record FAIL 0 "pjdfstest-erofs: tests/pjdfstest.toml has no 'allow_remount = false' line to flip"
+    fi
+  fi
+fi
+
+# pjdfstest (and its EROFS tests) again on a volume served over /dev/fuse,
+# then its fsck.
+if [ "$MAIN_TRANSPORT" != dev ] && [ -x "$SAFS" ] && pjdfstest_ready && [ -f "$WORK/pjdfstest-erofs.toml" ]; then
+  t0=$SECONDS
+  mkdir -p "$DEV_MNT"
+  if ! "$SAFS" format "$DEV_VOL" >/dev/null; then
+    record FAIL $((SECONDS - t0)) "pjdfstest-dev: not run, safs format failed"
+  elif ! "$SAFS" mount "$DEV_VOL" "$DEV_MNT" -o allow_other,transport=dev; then
+    record FAIL $((SECONDS - t0)) "pjdfstest-dev: not run, safs mount -o transport=dev failed"
+    tail -n 50 "$DEV_VOL/safs.log" 2>/dev/null || true
+  else
+    run_pjdfstest pjdfstest-dev "$ROOT/tests/pjdfstest.toml" "$DEV_MNT/pjdfstest"
+    run_pjdfstest pjdfstest-dev-erofs "$WORK/pjdfstest-erofs.toml" "$DEV_MNT/pjdfstest-erofs" erofs
+    t0=$SECONDS
+    umount "$DEV_MNT"
+    if "$SAFS" fsck "$DEV_VOL" >"$WORK/fsck-dev.log" 2>&1; then
+      TOTAL_PASSED=$((TOTAL_PASSED + 1))
+      record PASS $((SECONDS - t0)) "safs fsck after pjdfstest over /dev/fuse: clean"
+    else
+      cat "$WORK/fsck-dev.log"
+      TOTAL_FAILED=$((TOTAL_FAILED + 1))
+      record FAIL $((SECONDS - t0)) "safs fsck after pjdfstest over /dev/fuse"
     fi
   fi
 fi
@@ -381,7 +450,7 @@ else
   chmod 0600 "$ENC_PASS"
   if ! "$SAFS" format "$ENC_VOL" --encrypt --kdf-testing --passphrase-file "$ENC_PASS"; then
     record FAIL $((SECONDS - t0)) "encrypted: not run, safs format --encrypt failed"
-  elif ! "$SAFS" mount "$ENC_VOL" "$ENC_MNT" -o "allow_other,passphrase_file=$ENC_PASS"; then
+  elif ! "$SAFS" mount "$ENC_VOL" "$ENC_MNT" -o "allow_other,transport=$MAIN_TRANSPORT,passphrase_file=$ENC_PASS"; then
     record FAIL $((SECONDS - t0)) "encrypted: not run, safs mount failed"
     tail -n 50 "$ENC_VOL/safs.log" 2>/dev/null || true
   else

@@ -111,7 +111,10 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
         sync: false,
         dirsync: false,
         data_path: DataPath::Auto,
-        transport: Transport::Auto,
+        transport: match std::env::var("SAFS_TRANSPORT") {
+            Ok(v) => transport(Some(&v)).context("environment variable SAFS_TRANSPORT")?,
+            Err(_) => Transport::Auto,
+        },
         nonempty: false,
         dev: false,
         suid: false,
@@ -147,14 +150,7 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
             "dirsync" => o.dirsync = true,
             "passthrough" => o.data_path = DataPath::Passthrough,
             "nopassthrough" => o.data_path = DataPath::Daemon,
-            "transport" => {
-                o.transport = match val {
-                    Some("auto") => Transport::Auto,
-                    Some("uring") => Transport::Uring,
-                    Some("dev") => Transport::Dev,
-                    _ => bail!("option transport takes auto, uring or dev (transport=uring)"),
-                }
-            }
+            "transport" => o.transport = transport(val)?,
             "nonempty" => o.nonempty = true,
             "dev" => o.dev = true,
             "nodev" => o.dev = false,
@@ -229,6 +225,17 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
         }
     }
     Ok(o)
+}
+
+/// The value of `-o transport=` (or of `SAFS_TRANSPORT`, its default:
+/// e.g. to run a test suite over each transport).
+fn transport(val: Option<&str>) -> anyhow::Result<Transport> {
+    Ok(match val {
+        Some("auto") => Transport::Auto,
+        Some("uring") => Transport::Uring,
+        Some("dev") => Transport::Dev,
+        _ => bail!("option transport takes auto, uring or dev (transport=uring)"),
+    })
 }
 
 fn check_mountpoint(volume: &Path, mnt: &Path, nonempty: bool) -> anyhow::Result<()> {
@@ -551,19 +558,23 @@ fn serve(
 
     lock.set_mounted();
     tracing::info!(volume = %volume.display(), mountpoint = %mountpoint.display(), "mounted");
-    if daemon_child {
-        println!("{READY}");
-        // From here on nobody reads our pipes: send everything to the log.
-        if let Ok(f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(layout.log())
-        {
-            let _ = nix::unistd::dup2_stdout(&f);
-            let _ = nix::unistd::dup2_stderr(&f);
+    // Ready once the kernel's INIT is answered: a mount whose INIT is
+    // refused (a transport or data path the kernel lacks) fails the command.
+    let log = layout.log();
+    let res = session.run(move || {
+        if daemon_child {
+            println!("{READY}");
+            // From here on nobody reads our pipes: send everything to the log.
+            if let Ok(f) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log)
+            {
+                let _ = nix::unistd::dup2_stdout(&f);
+                let _ = nix::unistd::dup2_stderr(&f);
+            }
         }
-    }
-    let res = session.run();
+    });
     sig_handle.close();
     // `destroy` committed the last batch; make sure even if it was not sent.
     let close = fs.close();

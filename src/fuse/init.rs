@@ -52,28 +52,31 @@ impl SafsFuse {
     /// passthrough and io_uring as the options ask. An `Err` is the errno
     /// INIT is refused with (the mount then fails).
     pub(crate) fn init(&self, req: RawRequest<'_>) -> Result<InitOutcome, i32> {
+        self.negotiate(req).map_err(|(errno, why)| {
+            tracing::error!("{why}");
+            let _ = self.refused.set(why);
+            errno
+        })
+    }
+
+    fn negotiate(&self, req: RawRequest<'_>) -> Result<InitOutcome, (i32, String)> {
         let neg = Negotiated {
             minor: MAX_MINOR,
             setxattr_ext: false,
         };
         let init = match super::proto::request::decode(req.header, req.op_in, req.payload, neg) {
             Ok((_, Op::Init(i))) => i,
-            Ok(_) => {
-                tracing::error!("first request was not INIT");
-                return Err(libc::EPROTO);
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "malformed INIT");
-                return Err(libc::EPROTO);
-            }
+            Ok(_) => return Err((libc::EPROTO, "the first request was not INIT".into())),
+            Err(e) => return Err((libc::EPROTO, format!("malformed INIT: {e}"))),
         };
         if init.major != 7 || init.minor < MIN_MINOR {
-            tracing::error!(
-                major = init.major,
-                minor = init.minor,
-                "the kernel's FUSE protocol is too old for safs (7.{MIN_MINOR} or later needed)"
-            );
-            return Err(libc::EPROTO);
+            return Err((
+                libc::EPROTO,
+                format!(
+                    "the kernel speaks FUSE {}.{}; safs needs 7.{MIN_MINOR} or later",
+                    init.major, init.minor
+                ),
+            ));
         }
         let offered = init.flags;
         let mut flags = 0u64;
@@ -89,8 +92,10 @@ impl SafsFuse {
         if self.fs.contents_sealed() {
             // The kernel would serve the sealed blocks as they are.
             if data_path == DataPath::Passthrough {
-                tracing::error!("passthrough cannot serve an encrypted volume's contents");
-                return Err(libc::EINVAL);
+                return Err((
+                    libc::EINVAL,
+                    "passthrough cannot serve an encrypted volume's contents".into(),
+                ));
             }
             data_path = DataPath::Daemon;
         }
@@ -100,8 +105,11 @@ impl SafsFuse {
                 max_stack_depth = 1;
                 self.passthrough.store(true, Ordering::Relaxed);
             } else if data_path == DataPath::Passthrough {
-                tracing::error!("kernel does not offer FUSE passthrough, and it was required");
-                return Err(libc::ENOSYS);
+                return Err((
+                    libc::ENOSYS,
+                    "the kernel does not offer FUSE passthrough, and -o passthrough requires it"
+                        .into(),
+                ));
             } else {
                 tracing::warn!(
                     "kernel does not offer FUSE passthrough; file data goes through the daemon"
@@ -112,11 +120,13 @@ impl SafsFuse {
             Transport::Dev => false,
             _ if offered & abi::FUSE_OVER_IO_URING != 0 => true,
             Transport::Uring => {
-                tracing::error!(
-                    "kernel does not offer FUSE over io_uring, and it was required \
-                     (CONFIG_FUSE_IO_URING and /sys/module/fuse/parameters/enable_uring=Y)"
-                );
-                return Err(libc::ENOSYS);
+                return Err((
+                    libc::ENOSYS,
+                    "the kernel does not offer FUSE over io_uring, and -o transport=uring \
+                     requires it (CONFIG_FUSE_IO_URING, and \
+                     /sys/module/fuse/parameters/enable_uring set to Y)"
+                        .into(),
+                ));
             }
             Transport::Auto => {
                 tracing::info!(

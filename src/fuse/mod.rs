@@ -75,6 +75,8 @@ pub struct SafsFuse {
     passthrough: AtomicBool,
     /// What INIT settled that decoding needs.
     negotiated: OnceLock<Negotiated>,
+    /// Why INIT was refused, if it was (for the mount command's error).
+    refused: OnceLock<String>,
     /// Backing ids registered with the kernel. The kernel allows one backing
     /// file per inode at a time, so every open of an inode shares one id:
     /// held weakly by inode, strongly by each handle until its release.
@@ -100,6 +102,7 @@ impl SafsFuse {
             transport,
             passthrough: AtomicBool::new(false),
             negotiated: OnceLock::new(),
+            refused: OnceLock::new(),
             backing: Mutex::new(Backing::default()),
             stats,
             conn: OnceLock::new(),

@@ -140,19 +140,30 @@ impl Session {
         &self.mountpoint
     }
 
-    /// Serves requests until the filesystem is unmounted.
-    pub fn run(self) -> std::io::Result<()> {
+    /// Serves requests until the filesystem is unmounted; `ready` runs once
+    /// the kernel's INIT is answered (not at all if it was refused).
+    pub fn run(self, ready: impl FnOnce()) -> std::io::Result<()> {
         let handler: Arc<dyn transport::Handler> = self.adapter.clone();
         let adapter = Arc::clone(&self.adapter);
         transport::serve(
             &self.conn,
             handler,
-            move |req| adapter.init(req),
+            move |req| {
+                let outcome = adapter.init(req);
+                if outcome.is_ok() {
+                    ready();
+                }
+                outcome
+            },
             &transport::ServeOptions {
                 threads: self.threads,
                 uring_depth: URING_DEPTH,
             },
         )
+        .map_err(|e| match self.adapter.refused.get() {
+            Some(why) => std::io::Error::other(format!("the mount's INIT was refused: {why}")),
+            None => e,
+        })
     }
 }
 
