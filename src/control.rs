@@ -83,6 +83,7 @@ fn handle(conn: UnixStream, fs: &Fs, stats: &Stats) -> std::io::Result<()> {
                             commits: e.commits,
                         }
                     },
+                    uring_queues: stats.transport.uring_queues(),
                     inline_bytes: fs.inline_budget() as u64,
                     commits: Some({
                         let h = fs.health();

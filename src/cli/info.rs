@@ -56,6 +56,14 @@ fn print_stats(vol: &Path, json: bool) -> anyhow::Result<()> {
         "engine:         {} point reads, {} scans, {} commits",
         stats.engine.gets, stats.engine.scans, stats.engine.commits
     );
+    match &stats.uring_queues {
+        Some(q) => println!(
+            "transport:      FUSE over io_uring, {} queues; requests per queue: {}",
+            q.len(),
+            q.iter().map(u64::to_string).collect::<Vec<_>>().join(" ")
+        ),
+        None => println!("transport:      /dev/fuse"),
+    }
     if stats.broken_counts > 0 {
         println!(
             "INTERNAL ERRORS: {} impossible counts since the mount (a bug: please report it with the daemon's log)",

@@ -95,6 +95,7 @@ pub struct Session {
     unmounter: Option<transport::Unmounter>,
     mountpoint: PathBuf,
     threads: usize,
+    status: Arc<transport::Status>,
 }
 
 /// Ends a session from another thread (a signal handler).
@@ -115,6 +116,7 @@ impl Session {
         o: &SessionOptions,
         stats: Arc<Stats>,
     ) -> std::io::Result<Session> {
+        let status = Arc::clone(&stats.transport);
         let adapter = Arc::new(SafsFuse::new(fs, o.data_path, o.transport, stats));
         let (conn, unmounter) = transport::mount(mountpoint, &o.transport_options())?;
         adapter.set_conn(conn.clone());
@@ -128,6 +130,7 @@ impl Session {
             unmounter: Some(unmounter),
             mountpoint: mountpoint.to_path_buf(),
             threads: o.threads,
+            status,
         })
     }
 
@@ -138,6 +141,11 @@ impl Session {
 
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
+    }
+
+    /// Which transport serves the session (known once INIT is answered).
+    pub fn status(&self) -> Arc<transport::Status> {
+        Arc::clone(&self.status)
     }
 
     /// Serves requests until the filesystem is unmounted; `ready` runs once
@@ -158,6 +166,7 @@ impl Session {
             &transport::ServeOptions {
                 threads: self.threads,
                 uring_depth: URING_DEPTH,
+                status: self.status,
             },
         )
         .map_err(|e| match self.adapter.refused.get() {

@@ -40,6 +40,8 @@ struct OpStats {
 
 pub struct Stats {
     ops: Vec<OpStats>,
+    /// Which transport serves the session, and its io_uring queues' counts.
+    pub transport: std::sync::Arc<super::transport::Status>,
 }
 
 impl Default for Stats {
@@ -53,6 +55,7 @@ impl Default for Stats {
                     hist: std::array::from_fn(|_| AtomicU64::new(0)),
                 })
                 .collect(),
+            transport: Default::default(),
         }
     }
 }

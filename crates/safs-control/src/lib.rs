@@ -103,6 +103,10 @@ pub struct StatsReply {
     /// Metadata engine reads and commits since the mount.
     #[serde(default)]
     pub engine: EngineCounters,
+    /// Requests each FUSE-over-io_uring queue served; `None`: the session
+    /// is served over `/dev/fuse`.
+    #[serde(default)]
+    pub uring_queues: Option<Vec<u64>>,
     /// The volume's inline xattr budget, bytes.
     #[serde(default)]
     pub inline_bytes: u64,

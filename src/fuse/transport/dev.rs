@@ -29,12 +29,14 @@ const HEADROOM: usize = 4096 + 80;
 const INIT_BUFFER: usize = 33 * 4096;
 
 /// How a session is served.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Default)]
 pub struct ServeOptions {
     /// `/dev/fuse` reader threads (0 counts as 1).
     pub threads: usize,
     /// Entries per io_uring queue, when INIT enabled FUSE over io_uring.
     pub uring_depth: usize,
+    /// Where the session says which transport serves it (for stats).
+    pub status: Arc<super::Status>,
 }
 
 /// What the daemon answers to INIT, and what it means for the transport.
@@ -163,7 +165,10 @@ pub fn serve(
             o.uring_depth,
             payload_size,
         ) {
-            Ok(q) => Some(q),
+            Ok(q) => {
+                o.status.set_uring(q.counters());
+                Some(q)
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "FUSE over io_uring did not start; serving on /dev/fuse");
                 None

@@ -18,6 +18,24 @@ pub use conn::{BackingId, Conn, Notifier};
 pub use dev::{InitOutcome, ServeOptions, serve};
 pub use mount::{MountOptions, Unmounter, mount};
 
+/// Which transport serves a session, and how much each io_uring queue
+/// carried: what `safs info --stats` shows.
+#[derive(Default)]
+pub struct Status {
+    uring: std::sync::OnceLock<uring::QueueCounts>,
+}
+
+impl Status {
+    fn set_uring(&self, counts: uring::QueueCounts) {
+        let _ = self.uring.set(counts);
+    }
+
+    /// `None` over `/dev/fuse`; over io_uring, requests served per queue.
+    pub fn uring_queues(&self) -> Option<Vec<u64>> {
+        self.uring.get().map(uring::QueueCounts::counts)
+    }
+}
+
 /// One request as a transport received it.
 pub struct RawRequest<'a> {
     /// The `fuse_in_header` (40 bytes).

@@ -205,6 +205,7 @@ fn start_uring(
         let o = ServeOptions {
             threads: 2,
             uring_depth: 4,
+            status: Default::default(),
         };
         let _ = tx.send(serve(&serving, handler, init, &o));
     });
@@ -401,6 +402,7 @@ fn refused_init_fails_serve_and_the_callers() {
         let o = ServeOptions {
             threads: 1,
             uring_depth: 0,
+            status: Default::default(),
         };
         let handler = Arc::new(TestFs::default());
         let _ = tx.send(serve(&conn, handler, |_| Err(libc::EPROTO), &o));
