@@ -55,6 +55,17 @@ fn workload(v: &TestVolume) {
     fs::remove_dir(v.path("d")).unwrap();
 }
 
+/// `safs mount` of a formatted, unmounted `v` with `-o option`.
+fn mount_with(v: &TestVolume, option: &str) -> CmdOutput {
+    safs([
+        "mount".as_ref(),
+        v.vol().as_os_str(),
+        v.mnt().as_os_str(),
+        "-o".as_ref(),
+        option.as_ref(),
+    ])
+}
+
 #[test]
 fn transport_dev_serves_over_dev_fuse() {
     let v = TestVolume::with_options(&["transport=dev"]);
@@ -91,13 +102,7 @@ fn transport_uring_and_auto_use_io_uring_when_the_kernel_offers_it() {
             // The kernel has the transport but it is switched off: `uring`
             // fails the mount and says why, `auto` falls back to /dev/fuse.
             let v = TestVolume::formatted(&[]);
-            let out = safs([
-                "mount".as_ref(),
-                v.vol().as_os_str(),
-                v.mnt().as_os_str(),
-                "-o".as_ref(),
-                "transport=uring".as_ref(),
-            ]);
+            let out = mount_with(&v, "transport=uring");
             out.assert_failure_with_message("transport=uring with enable_uring=N");
             assert!(
                 out.stderr.contains("does not offer FUSE over io_uring"),
@@ -112,13 +117,7 @@ fn transport_uring_and_auto_use_io_uring_when_the_kernel_offers_it() {
         None => {
             // No FUSE over io_uring in this kernel at all: the same refusal.
             let v = TestVolume::formatted(&[]);
-            let out = safs([
-                "mount".as_ref(),
-                v.vol().as_os_str(),
-                v.mnt().as_os_str(),
-                "-o".as_ref(),
-                "transport=uring".as_ref(),
-            ]);
+            let out = mount_with(&v, "transport=uring");
             out.assert_failure_with_message("transport=uring on a kernel without it");
             assert!(!is_fuse_mounted(v.mnt()));
         }
@@ -128,13 +127,7 @@ fn transport_uring_and_auto_use_io_uring_when_the_kernel_offers_it() {
 #[test]
 fn a_bad_transport_is_refused_clearly() {
     let v = TestVolume::formatted(&[]);
-    let out = safs([
-        "mount".as_ref(),
-        v.vol().as_os_str(),
-        v.mnt().as_os_str(),
-        "-o".as_ref(),
-        "transport=smoke-signals".as_ref(),
-    ]);
+    let out = mount_with(&v, "transport=smoke-signals");
     out.assert_failure_with_message("transport=smoke-signals");
     assert!(
         out.stderr

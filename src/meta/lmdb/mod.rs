@@ -156,33 +156,54 @@ impl LmdbSnapshot {
 
 impl MetaRead for LmdbSnapshot {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, MetaError> {
-        let rtxn = self.env.read_txn().map_err(engine_err)?;
-        match self.db.get(&rtxn, key).map_err(engine_err)? {
-            Some(v) if v.len() > MAX_VALUE => Err(corrupt_value(v.len())),
-            Some(v) => Ok(Some(v.to_vec())),
-            None => Ok(None),
-        }
+        read_get(&self.env, self.db, key)
     }
 
     fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<super::Pairs, MetaError> {
-        let rtxn = self.env.read_txn().map_err(engine_err)?;
-        let range = (
-            std::ops::Bound::Included(start),
-            std::ops::Bound::Excluded(end),
-        );
-        let mut out = Vec::new();
-        for item in self.db.range(&rtxn, &range).map_err(engine_err)? {
-            if out.len() >= limit {
-                break;
-            }
-            let (k, v) = item.map_err(engine_err)?;
-            if v.len() > MAX_VALUE {
-                return Err(corrupt_value(v.len()));
-            }
-            out.push((k.to_vec(), v.to_vec()));
-        }
-        Ok(out)
+        read_scan(&self.env, self.db, start, end, limit)
     }
+}
+
+/// One point read in its own short read transaction, refusing values no
+/// record can have.
+fn read_get(
+    env: &Env,
+    db: Database<'static, Bytes, Bytes>,
+    key: &[u8],
+) -> Result<Option<Vec<u8>>, MetaError> {
+    let rtxn = env.read_txn().map_err(engine_err)?;
+    match db.get(&rtxn, key).map_err(engine_err)? {
+        Some(v) if v.len() > MAX_VALUE => Err(corrupt_value(v.len())),
+        Some(v) => Ok(Some(v.to_vec())),
+        None => Ok(None),
+    }
+}
+
+/// Up to `limit` pairs with `start <= key < end`, likewise.
+fn read_scan(
+    env: &Env,
+    db: Database<'static, Bytes, Bytes>,
+    start: &[u8],
+    end: &[u8],
+    limit: usize,
+) -> Result<super::Pairs, MetaError> {
+    let rtxn = env.read_txn().map_err(engine_err)?;
+    let range = (
+        std::ops::Bound::Included(start),
+        std::ops::Bound::Excluded(end),
+    );
+    let mut out = Vec::new();
+    for item in db.range(&rtxn, &range).map_err(engine_err)? {
+        if out.len() >= limit {
+            break;
+        }
+        let (k, v) = item.map_err(engine_err)?;
+        if v.len() > MAX_VALUE {
+            return Err(corrupt_value(v.len()));
+        }
+        out.push((k.to_vec(), v.to_vec()));
+    }
+    Ok(out)
 }
 
 /// Bytes of an LMDB page header.
@@ -296,12 +317,7 @@ impl LmdbStore {
 impl MetaRead for LmdbStore {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, MetaError> {
         self.gets.fetch_add(1, Relaxed);
-        let rtxn = self.env.read_txn().map_err(engine_err)?;
-        match self.db.get(&rtxn, key).map_err(engine_err)? {
-            Some(v) if v.len() > MAX_VALUE => Err(corrupt_value(v.len())),
-            Some(v) => Ok(Some(v.to_vec())),
-            None => Ok(None),
-        }
+        read_get(&self.env, self.db, key)
     }
 
     fn scan(
@@ -311,23 +327,7 @@ impl MetaRead for LmdbStore {
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, MetaError> {
         self.scans.fetch_add(1, Relaxed);
-        let rtxn = self.env.read_txn().map_err(engine_err)?;
-        let mut out = Vec::new();
-        let range = (
-            std::ops::Bound::Included(start),
-            std::ops::Bound::Excluded(end),
-        );
-        for item in self.db.range(&rtxn, &range).map_err(engine_err)? {
-            if out.len() >= limit {
-                break;
-            }
-            let (k, v) = item.map_err(engine_err)?;
-            if v.len() > MAX_VALUE {
-                return Err(corrupt_value(v.len()));
-            }
-            out.push((k.to_vec(), v.to_vec()));
-        }
-        Ok(out)
+        read_scan(&self.env, self.db, start, end, limit)
     }
 }
 
