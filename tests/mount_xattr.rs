@@ -140,6 +140,38 @@ fn xattr_name_limits() {
     assert_eq!(getxattr(&f, &longest).unwrap_err(), Errno::ENODATA);
 }
 
+/// A bare namespace is EINVAL for every xattr call, as the VFS answers on
+/// ext4, xfs and tmpfs; an unknown namespace stays EOPNOTSUPP.
+#[test]
+fn bare_namespaces_are_einval_and_unknown_ones_eopnotsupp() {
+    let v = TestVolume::new();
+    let f = v.path("f");
+    write_file(&f, b"");
+    for bare in ["user.", "trusted.", "security."] {
+        assert_eq!(
+            setxattr(&f, bare, b"x", 0).unwrap_err(),
+            Errno::EINVAL,
+            "set {bare}"
+        );
+        assert_eq!(getxattr(&f, bare).unwrap_err(), Errno::EINVAL, "get {bare}");
+        assert_eq!(
+            removexattr(&f, bare).unwrap_err(),
+            Errno::EINVAL,
+            "remove {bare}"
+        );
+    }
+    for unknown in ["foo.bar", "user", "system.other"] {
+        assert_eq!(
+            setxattr(&f, unknown, b"x", 0).unwrap_err(),
+            Errno::EOPNOTSUPP,
+            "set {unknown}"
+        );
+    }
+    // The shortest real names work, and nothing above left a name behind.
+    setxattr(&f, "user.a", b"1", 0).unwrap();
+    assert_eq!(names_set(&f), BTreeSet::from(["user.a".to_string()]));
+}
+
 #[test]
 fn missing_xattrs_are_enodata() {
     let v = TestVolume::new();

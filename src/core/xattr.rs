@@ -3,7 +3,8 @@
 //! Namespaces as Linux has them: `user.`, `trusted.` (the kernel checks
 //! CAP_SYS_ADMIN; we hide the names from others in listings), `security.`,
 //! and the two POSIX ACL names under `system.` (validated and cached by the
-//! kernel under `FUSE_POSIX_ACL`). Anything else is `EOPNOTSUPP`.
+//! kernel under `FUSE_POSIX_ACL`). Anything else is `EOPNOTSUPP`; a bare
+//! namespace (`user.`) is `EINVAL`.
 
 use super::tiers::{self, Tier};
 use super::{CoreError, Ctx, Fs, Ino, Result, State, acl};
@@ -21,11 +22,14 @@ fn check_name(name: &[u8]) -> Result<()> {
     if name.is_empty() || name.len() > XATTR_NAME_MAX {
         return Err(CoreError::Range);
     }
-    let ok = [&b"user."[..], b"trusted.", b"security."]
-        .iter()
-        .any(|p| name.len() > p.len() && name.starts_with(p))
-        || name == acl::ACCESS
-        || name == acl::DEFAULT;
+    let prefixes = [&b"user."[..], b"trusted.", b"security."];
+    // A namespace with no name in it: EINVAL, as the VFS answers for
+    // local filesystems (FUSE hands every name to the daemon unchecked).
+    if prefixes.contains(&name) {
+        return Err(CoreError::Invalid);
+    }
+    let ok =
+        prefixes.iter().any(|p| name.starts_with(p)) || name == acl::ACCESS || name == acl::DEFAULT;
     if ok {
         Ok(())
     } else {
