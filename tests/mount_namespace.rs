@@ -1111,3 +1111,87 @@ fn directory_size_grows_with_its_entries() {
     }
     assert_eq!(lmeta(&d).len(), 4096 * 3, "300 entries");
 }
+
+/// LOOKUP requests the daemon served so far.
+fn lookups(v: &TestVolume) -> u64 {
+    let out = safs(["info".as_ref(), "--json".as_ref(), v.mnt().as_os_str()]);
+    out.assert_success("safs info --json");
+    let stats: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    stats["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["op"] == "lookup")
+        .map_or(0, |o| o["count"].as_u64().unwrap())
+}
+
+/// Absent names are cached negative by the kernel (a repeated probe asks
+/// the daemon nothing), and every way of making a name through the mount
+/// replaces the negative entry at once; removed names read as absent.
+#[test]
+fn absent_names_are_cached_negative_and_every_new_name_replaces_them() {
+    let mut v = TestVolume::new();
+    let absent = |p: &std::path::Path| {
+        assert_eq!(
+            fs::symlink_metadata(p).unwrap_err().raw_os_error(),
+            Some(libc::ENOENT),
+            "{} should be absent",
+            p.display()
+        );
+    };
+    // What a `safs info` call itself costs in lookups, to subtract.
+    let a = lookups(&v);
+    let b = lookups(&v);
+    let own = b - a;
+    absent(&v.path("probe"));
+    let before = lookups(&v);
+    for _ in 0..100 {
+        absent(&v.path("probe"));
+    }
+    assert_eq!(
+        lookups(&v) - before,
+        own,
+        "100 probes of a known-absent name sent no LOOKUP"
+    );
+
+    fs::write(v.path("src"), b"source").unwrap();
+    let names = ["file", "dir", "sym", "hard", "moved", "excl"];
+    for n in names {
+        absent(&v.path(n));
+    }
+    fs::write(v.path("file"), b"made").unwrap();
+    fs::create_dir(v.path("dir")).unwrap();
+    std::os::unix::fs::symlink("file", v.path("sym")).unwrap();
+    fs::hard_link(v.path("src"), v.path("hard")).unwrap();
+    fs::write(v.path("to-move"), b"moved").unwrap();
+    fs::rename(v.path("to-move"), v.path("moved")).unwrap();
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(v.path("excl"))
+        .unwrap();
+    assert_eq!(fs::read(v.path("file")).unwrap(), b"made");
+    assert!(fs::metadata(v.path("dir")).unwrap().is_dir());
+    assert_eq!(
+        fs::read_link(v.path("sym")).unwrap(),
+        std::path::Path::new("file")
+    );
+    assert_eq!(fs::read(v.path("hard")).unwrap(), b"source");
+    assert_eq!(fs::read(v.path("moved")).unwrap(), b"moved");
+    assert!(fs::metadata(v.path("excl")).unwrap().is_file());
+    absent(&v.path("to-move"));
+
+    // Removed names are absent again, and stay so across a remount.
+    fs::remove_file(v.path("file")).unwrap();
+    fs::remove_dir(v.path("dir")).unwrap();
+    fs::rename(v.path("moved"), v.path("file")).unwrap();
+    absent(&v.path("dir"));
+    absent(&v.path("moved"));
+    assert_eq!(fs::read(v.path("file")).unwrap(), b"moved");
+    v.remount();
+    absent(&v.path("dir"));
+    absent(&v.path("moved"));
+    absent(&v.path("probe"));
+    assert_eq!(fs::read(v.path("file")).unwrap(), b"moved");
+    assert_eq!(fs::read(v.path("hard")).unwrap(), b"source");
+}

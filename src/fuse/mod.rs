@@ -291,7 +291,20 @@ impl SafsFuse {
             }
             Req::Lookup { name } => {
                 let _t = self.stats.start(Op::Lookup);
-                self.entry(reply, self.fs.lookup(ino, name));
+                match self.fs.lookup(ino, name) {
+                    // A negative entry the kernel may keep (node id 0 with a
+                    // lifetime; ENOENT would not be cached): safs is the only
+                    // writer, and every name made through the mount replaces
+                    // the kernel's negative dentry as it is made. So a
+                    // `stat` then `create` of a new name (Samba's pattern)
+                    // costs one LOOKUP, and repeated probes of absent names
+                    // none.
+                    Err(CoreError::NotFound) => {
+                        let out = enc::entry_out(0, 0, TTL, Duration::ZERO, abi::Attr::default());
+                        reply.send(&[out.as_bytes()]);
+                    }
+                    r => self.entry(reply, r),
+                }
             }
             Req::Getattr { .. } => {
                 let _t = self.stats.start(Op::Getattr);
