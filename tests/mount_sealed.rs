@@ -51,8 +51,16 @@ fn a_changed_content_block_reads_as_eio_and_only_that_block() {
     v.unmount();
     let b = backing(v.vol(), ino);
     assert_eq!(std::fs::metadata(&b).unwrap().len(), 3 * UNIT);
-    let f = std::fs::OpenOptions::new().write(true).open(&b).unwrap();
-    f.write_all_at(&[0x5a], UNIT + 100).unwrap();
+    // Flip the byte (a constant would leave it as it was once in 256 runs:
+    // sealed bytes are random).
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&b)
+        .unwrap();
+    let mut byte = [0u8];
+    f.read_exact_at(&mut byte, UNIT + 100).unwrap();
+    f.write_all_at(&[byte[0] ^ 0xff], UNIT + 100).unwrap();
     drop(f);
     v.mount();
     let p = v.path("f");
