@@ -11,6 +11,8 @@ mod conn;
 mod dev;
 mod mount;
 #[cfg(test)]
+mod test_wire;
+#[cfg(test)]
 mod tests;
 pub mod uring;
 

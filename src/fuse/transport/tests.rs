@@ -13,29 +13,11 @@ use std::time::Duration;
 
 use nix::mount::MsFlags;
 
+use super::test_wire::*;
 use super::*;
-
-const OP_LOOKUP: u32 = 1;
-const OP_FORGET: u32 = 2;
-const OP_GETATTR: u32 = 3;
-const OP_INTERRUPT: u32 = 36;
-const OP_BATCH_FORGET: u32 = 42;
-
-const FUSE_MAX_PAGES: u32 = 1 << 22;
-const FUSE_INIT_EXT: u32 = 1 << 30;
-/// `FUSE_PASSTHROUGH` (bit 37) in `flags2`.
-const FUSE_PASSTHROUGH_2: u32 = 1 << (37 - 32);
 
 const SUBTYPE: &str = "safs";
 const MAX_WRITE: u32 = 1 << 20;
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_ne_bytes(b[at..at + 4].try_into().unwrap())
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_ne_bytes(b[at..at + 8].try_into().unwrap())
-}
 
 /// `struct fuse_attr` (88 bytes).
 fn attr(ino: u64, mode: u32, nlink: u32) -> Vec<u8> {

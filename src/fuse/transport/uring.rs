@@ -1133,30 +1133,13 @@ mod tests {
 
     use nix::mount::{MntFlags, MsFlags};
 
+    use super::super::test_wire::*;
     use super::*;
 
-    const OP_LOOKUP: u32 = 1;
-    const OP_FORGET: u32 = 2;
-    const OP_GETATTR: u32 = 3;
-    const OP_INIT: u32 = 26;
-    const OP_INTERRUPT: u32 = 36;
-    const OP_BATCH_FORGET: u32 = 42;
-    const FUSE_MAX_PAGES: u32 = 1 << 22;
-    const FUSE_INIT_EXT: u32 = 1 << 30;
-    /// `FUSE_OVER_IO_URING` (bit 41) in `flags2`.
-    const FUSE_OVER_IO_URING_2: u32 = 1 << (41 - 32);
     const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
     const PAYLOAD: usize = 128 * 1024;
     const DEPTH: usize = 2;
     const TIMEOUT: Duration = Duration::from_secs(10);
-
-    fn u32_at(b: &[u8], at: usize) -> u32 {
-        u32::from_ne_bytes(b[at..at + 4].try_into().unwrap())
-    }
-
-    fn u64_at(b: &[u8], at: usize) -> u64 {
-        u64::from_ne_bytes(b[at..at + 8].try_into().unwrap())
-    }
 
     fn sqe_bytes(sqe: squeue::Entry128) -> [u8; 128] {
         #[allow(unsafe_code)]
