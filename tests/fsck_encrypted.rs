@@ -5,12 +5,13 @@
 //! nothing.
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use safs::core::crypto::{BLOCK, BLOCK_OVERHEAD, KdfParams, Keyspace, SealedStore, VolumeKeys};
+use safs::core::crypto::{BlockLayout, KdfParams, Keyspace, SealedStore, VolumeKeys};
 use safs::core::volume::{self, Encryption, FormatOptions};
 use safs::core::{CoreError, Ctx, Fs, Ino, OpenMode, Options};
 use safs::format::dirent::{Dirent, IndexEntry};
@@ -26,7 +27,8 @@ const F_LEN: usize = 2 * BLOCK + 1808;
 /// Too large for what the spill record has left: an overflow record each.
 const BIG: usize = 65_200;
 /// On-disk bytes of one full sealed block.
-const UNIT: u64 = (BLOCK + BLOCK_OVERHEAD) as u64;
+const UNIT: u64 = BlockLayout::PAGE.unit();
+const BLOCK: usize = BlockLayout::PAGE.block() as usize;
 
 fn contents() -> Vec<u8> {
     (0..F_LEN).map(|i| (i * 7 % 251) as u8).collect()
@@ -47,6 +49,11 @@ struct Vol {
 /// xattrs in every tier (inline budget 64 bytes: "user.small" inline, the
 /// 500-byte value spilled, the two BIG values in overflow records).
 fn encrypted() -> Vol {
+    encrypted_in(BlockLayout::PAGE)
+}
+
+/// [`encrypted`], its contents sealed in `blocks`.
+fn encrypted_in(blocks: BlockLayout) -> Vol {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("vol");
     volume::format(
@@ -63,6 +70,14 @@ fn encrypted() -> Vol {
         },
     )
     .unwrap();
+    if blocks == BlockLayout::SPREAD {
+        // What the first encrypted volumes were: no page-blocks feature.
+        let (store, mut sb) = volume::open_store(&dir).unwrap();
+        sb.features &= !safs::format::superblock::FEATURE_PAGE_BLOCKS;
+        store
+            .commit(&[(keys::SUPERBLOCK.to_vec(), Some(sb.encode()))])
+            .unwrap();
+    }
     let pass = tmp.path().join("pass");
     std::fs::write(&pass, [PASS, b"\n"].concat()).unwrap();
     let fs = mount(&dir);
@@ -593,6 +608,105 @@ fn sizes_come_from_sealed_backing_files_and_torn_lengths_are_cut() {
         contents()[..2 * BLOCK]
     );
     fs.release(h.fh).unwrap();
+    fs.close().unwrap();
+}
+
+#[test]
+fn volumes_of_the_first_content_layout_keep_working() {
+    let v = encrypted_in(BlockLayout::SPREAD);
+    let path = backing(&v, v.f);
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        BlockLayout::SPREAD.sealed_len(F_LEN as u64)
+    );
+    let (code, out) = fsck(&v, false);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(structure_only(&v).0, 0);
+    let (code, out) = safs(&["info", v.dir.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("4 KiB blocks straddling pages (first layout"),
+        "{out}"
+    );
+    let fs = mount(&v.dir);
+    let h = fs
+        .open(
+            Ino(v.f),
+            OpenMode {
+                write: true,
+                truncate: false,
+            },
+        )
+        .unwrap();
+    assert_eq!(fs.read(h.fh, 0, F_LEN as u32).unwrap(), contents());
+    fs.write(h.fh, F_LEN as u64, b"more").unwrap();
+    fs.release(h.fh).unwrap();
+    fs.close().unwrap();
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        BlockLayout::SPREAD.sealed_len(F_LEN as u64 + 4)
+    );
+    assert_eq!(fsck(&v, false).0, 0);
+}
+
+/// What a truncate of "dir/f" to 2 blocks + 500 bytes leaves when the
+/// daemon dies before its last step: the shortened block written over the
+/// start of the old one, the backing file not yet cut. Returns the length
+/// the cut gives.
+fn truncate_killed_before_its_last_cut(v: &Vol) -> u64 {
+    let (_, keys) = unlocked(&v.dir);
+    let short = keys
+        .blocks()
+        .seal(v.f, 2, &contents()[2 * BLOCK..2 * BLOCK + 500])
+        .unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(backing(v, v.f))
+        .unwrap();
+    f.write_all_at(&short, 2 * UNIT).unwrap();
+    2 * UNIT + short.len() as u64
+}
+
+#[test]
+fn a_truncate_killed_before_its_last_cut_is_finished_by_recovery() {
+    let v = encrypted();
+    let cut = truncate_killed_before_its_last_cut(&v);
+    // The daemon that was killed left the volume marked mounted.
+    let (store, keys) = unlocked(&v.dir);
+    let sealed = SealedStore::new(store, keys);
+    let m = safs::format::superblock::MountState {
+        clean: false,
+        pid: 1,
+        since_ns: 0,
+    };
+    sealed
+        .commit(&[(keys::MOUNT_STATE.to_vec(), Some(m.encode()))])
+        .unwrap();
+    drop(sealed);
+    let fs = mount(&v.dir);
+    assert_eq!(fs.getattr(Ino(v.f)).unwrap().size, 2 * BLOCK as u64 + 500);
+    fs.close().unwrap();
+    assert_eq!(std::fs::metadata(backing(&v, v.f)).unwrap().len(), cut);
+    let (code, out) = fsck(&v, false);
+    assert_eq!(code, 0, "{out}");
+}
+
+#[test]
+fn a_truncate_killed_before_its_last_cut_is_finished_by_fsck() {
+    let v = encrypted();
+    let cut = truncate_killed_before_its_last_cut(&v);
+    let path = backing(&v, v.f);
+    assert_found_repaired_clean(
+        &v,
+        &format!(
+            "file {}: its last content block was shortened by a truncate the daemon did not \
+             finish; the backing file is cut to {cut} bytes",
+            v.f
+        ),
+    );
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), cut);
+    let fs = mount(&v.dir);
+    assert_eq!(fs.getattr(Ino(v.f)).unwrap().size, 2 * BLOCK as u64 + 500);
     fs.close().unwrap();
 }
 

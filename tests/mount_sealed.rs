@@ -1,6 +1,6 @@
 //! Tampering with an encrypted volume at rest, then reading it through a
-//! real mount: a changed content block reads as EIO (that block only, and
-//! the log names it), content blocks swapped between files read as EIO, an
+//! real mount: a changed content block reads as EIO (the pages it shares,
+//! and the log names it), content blocks swapped between files read as EIO, an
 //! inode record moved onto another inode's key reads as EIO — never as
 //! other data.
 
@@ -11,8 +11,10 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 
-const BLOCK: u64 = 4096;
-const UNIT: u64 = 4096 + 28;
+/// Plaintext bytes of a block: each is sealed into one 4 KiB page of the
+/// backing file (nonce and tag take 28 bytes).
+const BLOCK: u64 = 4096 - 28;
+const UNIT: u64 = 4096;
 
 /// A mounted encrypted volume, and the directory holding its passphrase
 /// file (removed when dropped, after the volume).
@@ -43,46 +45,48 @@ fn read_at(path: &Path, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
 }
 
 #[test]
-fn a_changed_content_block_reads_as_eio_and_only_that_block() {
+fn a_changed_content_block_reads_as_eio_and_only_the_pages_it_shares() {
     let (mut v, _pass) = encrypted_volume();
-    let data = pattern(7, 3 * BLOCK as usize);
+    let data = pattern(7, 5 * BLOCK as usize);
     write_file(&v.path("f"), &data);
     let ino = meta(&v.path("f")).ino();
     v.unmount();
     let b = backing(v.vol(), ino);
-    assert_eq!(std::fs::metadata(&b).unwrap().len(), 3 * UNIT);
-    // Flip the byte (a constant would leave it as it was once in 256 runs:
-    // sealed bytes are random).
+    assert_eq!(
+        std::fs::metadata(&b).unwrap().len(),
+        5 * UNIT,
+        "five whole blocks, a page each"
+    );
+    // Flip a byte of block 2 (a constant would leave it as it was once in
+    // 256 runs: sealed bytes are random).
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(&b)
         .unwrap();
     let mut byte = [0u8];
-    f.read_exact_at(&mut byte, UNIT + 100).unwrap();
-    f.write_all_at(&[byte[0] ^ 0xff], UNIT + 100).unwrap();
+    f.read_exact_at(&mut byte, 2 * UNIT + 100).unwrap();
+    f.write_all_at(&[byte[0] ^ 0xff], 2 * UNIT + 100).unwrap();
     drop(f);
     v.mount();
+    // Block 2 is plaintext bytes 8136..12204: the kernel reads whole
+    // pages, so pages 1 and 2 (4096..12288) fail; pages 0 and 3.. read.
     let p = v.path("f");
-    assert_eq!(
-        read_at(&p, 0, BLOCK as usize).unwrap(),
-        &data[..BLOCK as usize]
-    );
-    assert_eq!(
-        read_at(&p, 2 * BLOCK, BLOCK as usize).unwrap(),
-        &data[2 * BLOCK as usize..]
-    );
-    let e = read_at(&p, BLOCK + 10, 100).unwrap_err();
+    assert_eq!(read_at(&p, 0, 4096).unwrap(), &data[..4096]);
+    assert_eq!(read_at(&p, 12288, 1 << 20).unwrap(), &data[12288..]);
+    let e = read_at(&p, 2 * BLOCK + 10, 100).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
     let log = v.daemon_log();
     assert!(
-        log.contains("failed authentication") && log.contains(&format!("ino={ino}")),
+        log.contains("failed authentication")
+            && log.contains(&format!("ino={ino}"))
+            && log.contains("block=2"),
         "the log names the inode and block: {log}"
     );
-    // Writing the block whole again heals it.
+    // Writing the pages it shares whole again heals it (a partial page
+    // would have the kernel read the rest of it first).
     let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
-    f.write_all_at(&data[BLOCK as usize..2 * BLOCK as usize], BLOCK)
-        .unwrap();
+    f.write_all_at(&data[4096..12288], 4096).unwrap();
     drop(f);
     assert_eq!(read_file(&p), data);
 }

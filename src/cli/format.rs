@@ -70,7 +70,7 @@ pub fn run(a: FormatArgs) -> anyhow::Result<()> {
         sb.inline_bytes
     );
     if let Some(kdf) = kdf {
-        println!("encrypted: {}", super::info::describe_encryption(&kdf));
+        println!("encrypted: {}", super::info::describe_encryption(&sb, &kdf));
     }
     Ok(())
 }

@@ -5,8 +5,9 @@ use clap::Args;
 
 use safs::control::Health;
 use safs::control::StatsReply;
-use safs::core::crypto::{BLOCK, KdfParams};
+use safs::core::crypto::KdfParams;
 use safs::core::volume::{self, Layout, VolumeLock};
+use safs::format::superblock::Superblock;
 
 #[derive(Args, Debug)]
 pub struct InfoArgs {
@@ -120,16 +121,19 @@ fn print_health(h: &Health) {
     }
 }
 
-/// What protects an encrypted volume whose key record says `kdf`: one
-/// line for `safs info` and `safs format`.
-pub fn describe_encryption(kdf: &KdfParams) -> String {
+/// What protects an encrypted volume `sb` whose key record says `kdf`:
+/// one line for `safs info` and `safs format`.
+pub fn describe_encryption(sb: &Superblock, kdf: &KdfParams) -> String {
+    let blocks = if sb.has_page_blocks() {
+        "one block per 4 KiB page"
+    } else {
+        "4 KiB blocks straddling pages (first layout: a block written as the daemon is \
+         killed can tear; copy the files to a new volume to leave it)"
+    };
     format!(
-        "names AES-256-SIV, records AES-256-GCM-SIV, contents AES-256-GCM in {} KiB blocks; \
+        "names AES-256-SIV, records AES-256-GCM-SIV, contents AES-256-GCM, {blocks}; \
          passphrase Argon2id m={} KiB t={} p={}",
-        BLOCK / 1024,
-        kdf.m_kib,
-        kdf.t,
-        kdf.p
+        kdf.m_kib, kdf.t, kdf.p
     )
 }
 
@@ -164,7 +168,7 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         // record is sealed (the daemon's statfs counts inodes).
         let rec = volume::key_record(store.as_ref(), &sb)
             .with_context(|| format!("cannot read the key record of {}", vol.display()))?;
-        println!("encryption:     {}", describe_encryption(&rec.kdf));
+        println!("encryption:     {}", describe_encryption(&sb, &rec.kdf));
         match mountpoint.or_else(|| volume::mountpoint_of(&vol)) {
             Some(m) => println!(
                 "inodes:         (sealed on disk; `df -i {}` counts them)",

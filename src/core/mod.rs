@@ -328,11 +328,11 @@ impl Fs {
     fn recover(&self) -> Result<()> {
         let unclean = match self.store.get(keys::MOUNT_STATE)? {
             Some(rec) => {
-                !MountState::decode(&rec)
-                    .map_err(|e| CoreError::corrupt(keys::MOUNT_STATE, e))?
-                    .clean
+                let m = MountState::decode(&rec)
+                    .map_err(|e| CoreError::corrupt(keys::MOUNT_STATE, e))?;
+                (!m.clean).then_some(m.since_ns)
             }
-            None => false,
+            None => None,
         };
         let mut st = self.state.lock();
         let mut reclaimed = 0u64;
@@ -354,11 +354,11 @@ impl Fs {
         if reclaimed > 0 {
             tracing::info!(reclaimed, "reclaimed inodes unlinked while open");
         }
-        if unclean {
+        if let Some(since_ns) = unclean {
             tracing::warn!(
                 "volume was not unmounted cleanly: reconciling file sizes with backing files"
             );
-            let (fixed, stray) = self.reconcile_all(&mut st)?;
+            let (fixed, stray) = self.reconcile_all(&mut st, since_ns)?;
             tracing::info!(fixed, stray, "recovery done");
         }
         drop(st);
@@ -392,9 +392,11 @@ impl Fs {
         }
     }
 
-    /// Sizes from backing files for every regular file; stray backing files
-    /// removed. Returns (inodes fixed, backing files removed).
-    fn reconcile_all(&self, st: &mut State) -> Result<(u64, u64)> {
+    /// Sizes from backing files for every regular file (on encrypted
+    /// volumes, after finishing a truncate cut short in any backing file
+    /// changed since the unclean mount began, `since_ns`); stray backing
+    /// files removed. Returns (inodes fixed, backing files removed).
+    fn reconcile_all(&self, st: &mut State, since_ns: i64) -> Result<(u64, u64)> {
         let mut fixed = 0;
         let (mut start, end) = keys::prefix_range(keys::P_INODE);
         loop {
@@ -408,6 +410,19 @@ impl Fs {
                     continue;
                 }
                 let ino = keys::key_ino(&k).unwrap_or(0);
+                if self.data.is_sealed() {
+                    // ctime is the kernel's coarse clock: a second of margin.
+                    let changed = self.data.stat(ino)?.is_some_and(|m| {
+                        use std::os::unix::fs::MetadataExt;
+                        m.ctime()
+                            .saturating_mul(1_000_000_000)
+                            .saturating_add(m.ctime_nsec())
+                            >= since_ns.saturating_sub(1_000_000_000)
+                    });
+                    if changed {
+                        self.data.finish_cut(ino)?;
+                    }
+                }
                 let mut new = inode.clone();
                 self.reconcile(ino, &mut new, None)?;
                 if new != inode {

@@ -21,6 +21,9 @@ pub const MAGIC: &[u8; 8] = b"SAFSVOL\0";
 /// The volume is encrypted: names in keys, record values and file contents
 /// (see `core::crypto`); its key record `K` unlocks it.
 pub const FEATURE_ENCRYPTED: u64 = 1;
+/// Encrypted contents are sealed one block per 4 KiB page (never torn by a
+/// killed daemon); without it, in 4 KiB blocks straddling pages.
+pub const FEATURE_PAGE_BLOCKS: u64 = 2;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
@@ -34,6 +37,10 @@ pub struct Superblock {
 impl Superblock {
     pub fn is_encrypted(&self) -> bool {
         self.features & FEATURE_ENCRYPTED != 0
+    }
+
+    pub fn has_page_blocks(&self) -> bool {
+        self.features & FEATURE_PAGE_BLOCKS != 0
     }
 
     pub fn encode(&self) -> Vec<u8> {

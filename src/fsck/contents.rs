@@ -6,10 +6,6 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 
 use super::*;
-use crate::core::crypto::{BLOCK, BLOCK_OVERHEAD, plain_len, sealed_len};
-
-/// On-disk bytes of one full sealed block.
-const UNIT: u64 = (BLOCK + BLOCK_OVERHEAD) as u64;
 /// Sealed blocks read at a time.
 const BATCH: u64 = 64;
 
@@ -26,13 +22,14 @@ impl Checker<'_> {
     /// torn by a crash: the file keeps its whole blocks (as the core reads
     /// it), and repair cuts the torn tail, too short to hold any data.
     pub(super) fn backing_size(&mut self, ino: u64, len: u64) -> Result<u64> {
-        if self.keys.is_none() {
+        let Some(keys) = &self.keys else {
             return Ok(len);
-        }
-        if let Some(size) = plain_len(len) {
+        };
+        let layout = keys.blocks().layout();
+        if let Some(size) = layout.plain_len(len) {
             return Ok(size);
         }
-        let whole = len / UNIT;
+        let whole = len / layout.unit();
         self.find(
             format!(
                 "file {ino}: backing file length {len} is no whole number of sealed blocks \
@@ -44,9 +41,9 @@ impl Checker<'_> {
             OpenOptions::new()
                 .write(true)
                 .open(self.backing_path(ino))?
-                .set_len(whole * UNIT)?;
+                .set_len(whole * layout.unit())?;
         }
-        Ok(whole * BLOCK as u64)
+        Ok(whole * layout.block())
     }
 
     /// Opens every sealed block of file `ino` (encrypted volumes only). A
@@ -66,35 +63,62 @@ impl Checker<'_> {
                 return;
             }
         };
-        let read = || -> std::io::Result<(u64, Vec<u64>)> {
+        let layout = keys.blocks().layout();
+        let unit = layout.unit();
+        // Blocks that do not open, and a last block a killed truncate
+        // shortened in place (its on-disk length).
+        let read = || -> std::io::Result<(u64, Vec<u64>, Option<u64>)> {
             let len = file.metadata()?.len();
             // Past the whole blocks of a torn length there is nothing to open.
-            let end = sealed_len(plain_len(len).unwrap_or(len / UNIT * BLOCK as u64));
-            let mut bad = Vec::new();
-            let mut buf = vec![0u8; (BATCH * UNIT) as usize];
+            let end = layout.sealed_len(layout.plain_size(len));
+            let blocks = end.div_ceil(unit);
+            let (mut bad, mut cut) = (Vec::new(), None);
+            let mut buf = vec![0u8; (BATCH * unit) as usize];
             let mut at = 0;
             while at < end {
-                let n = (end - at).min(BATCH * UNIT) as usize;
+                let n = (end - at).min(BATCH * unit) as usize;
                 file.read_exact_at(&mut buf[..n], at)?;
-                for (j, slot) in buf[..n].chunks(UNIT as usize).enumerate() {
-                    let index = at / UNIT + j as u64;
-                    if keys.blocks().open(ino, index, slot).is_err() {
-                        bad.push(index);
+                for (j, slot) in buf[..n].chunks(unit as usize).enumerate() {
+                    let index = at / unit + j as u64;
+                    if keys.blocks().open(ino, index, slot).is_ok() {
+                        continue;
+                    }
+                    match keys.blocks().open_cut(ino, index, slot) {
+                        Some((l, _)) if index + 1 == blocks => cut = Some(index * unit + l as u64),
+                        _ => bad.push(index),
                     }
                 }
                 at += n as u64;
             }
-            Ok((end.div_ceil(UNIT), bad))
+            Ok((blocks, bad, cut))
         };
         match read() {
-            Ok((_, bad)) if bad.is_empty() => {}
-            Ok((blocks, bad)) => self.find(
+            Ok((_, bad, Some(cut))) if bad.is_empty() => {
+                self.find(
+                    format!(
+                        "file {ino}: its last content block was shortened by a truncate the \
+                         daemon did not finish; the backing file is cut to {cut} bytes"
+                    ),
+                    true,
+                );
+                if self.repair {
+                    let cut_file = || OpenOptions::new().write(true).open(&path)?.set_len(cut);
+                    if let Err(e) = cut_file() {
+                        self.find(
+                            format!("file {ino}: cannot cut the backing file: {e}"),
+                            false,
+                        );
+                    }
+                }
+            }
+            Ok((_, bad, None)) if bad.is_empty() => {}
+            Ok((blocks, bad, _)) => self.find(
                 format!(
                     "file {ino}: {} of its {blocks} content blocks do not open (changed, moved \
                      or torn; the first is block {}, at byte {}): reading them fails with EIO",
                     bad.len(),
                     bad[0],
-                    bad[0] * BLOCK as u64
+                    bad[0] * layout.block()
                 ),
                 false,
             ),

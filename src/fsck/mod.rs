@@ -342,7 +342,7 @@ pub fn run(dir: &Path, access: Access<'_>, repair: bool, progress: Progress<'_>)
         Err(e) => return Err(e.into()),
     };
     let Some(ask) = ask else {
-        return structure::check(store.as_ref(), &layout, progress);
+        return structure::check(store.as_ref(), &layout, volume::block_layout(&sb), progress);
     };
     let passphrase = ask().map_err(FsckError::Passphrase)?;
     let master = record.unwrap(&passphrase, &sb.uuid).map_err(|e| match e {

@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 
 use super::*;
-use crate::core::crypto::{NAME_OVERHEAD, SEAL_OVERHEAD, plain_len};
+use crate::core::crypto::{BlockLayout, NAME_OVERHEAD, SEAL_OVERHEAD};
 use crate::format::{NAME_MAX, XATTR_NAME_MAX};
 
 /// What a key's shape says it is.
@@ -71,6 +71,7 @@ impl Structure {
 pub(super) fn check(
     store: &dyn MetaStore,
     layout: &Layout,
+    blocks: BlockLayout,
     progress: Progress<'_>,
 ) -> Result<Report> {
     let mut s = Structure {
@@ -125,7 +126,7 @@ pub(super) fn check(
         s.find("counters record missing".into());
     }
     progress("structure", 1, 2);
-    backing_files(&mut s, layout, &inodes);
+    backing_files(&mut s, layout, blocks, &inodes);
     progress("structure", 2, 2);
     Ok(s.report)
 }
@@ -154,7 +155,7 @@ fn each(
 
 /// Backing files: named `xx/<ino as 16 hex digits>` (`xx` its low byte)
 /// for an inode that has a record, a length some file of blocks has.
-fn backing_files(s: &mut Structure, layout: &Layout, inodes: &BTreeSet<u64>) {
+fn backing_files(s: &mut Structure, layout: &Layout, blocks: BlockLayout, inodes: &BTreeSet<u64>) {
     for i in 0..256u64 {
         let dir = layout.data().join(format!("{i:02x}"));
         let rd = match std::fs::read_dir(&dir) {
@@ -191,7 +192,7 @@ fn backing_files(s: &mut Structure, layout: &Layout, inodes: &BTreeSet<u64>) {
                 Ok(m) if !m.is_file() => {
                     s.find(format!("backing file {} is not a file", path.display()));
                 }
-                Ok(m) if plain_len(m.size()).is_none() => s.find(format!(
+                Ok(m) if blocks.plain_len(m.size()).is_none() => s.find(format!(
                     "backing file {}: length {} is no whole number of sealed blocks \
                      (damage, or an extension torn by a crash)",
                     path.display(),

@@ -36,6 +36,10 @@ impl Checker<'_> {
                     continue;
                 }
             }
+            // Before the sizes: repair may finish a killed truncate's cut.
+            if i.is_reg() {
+                self.open_blocks(ino);
+            }
             if info.writer_marker {
                 self.report.recovered += 1;
                 if self.repair {
@@ -140,9 +144,6 @@ impl Checker<'_> {
                         self.find(format!("file {ino}: backing file unreadable: {e}"), false);
                     }
                 }
-            }
-            if i.is_reg() {
-                self.open_blocks(ino);
             }
             if info.dirty {
                 let k = keys::inode(ino);

@@ -1,14 +1,22 @@
-//! File contents: 4 KiB blocks, each sealed with AES-256-GCM under a
-//! random 12-byte nonce, with the inode number and the block's index as
+//! File contents: blocks, each sealed with AES-256-GCM under a random
+//! 12-byte nonce, with the inode number and the block's index as
 //! associated data (gocryptfs's scheme, with the inode number — never
 //! reused in a volume — as the file id). A block changed, swapped with
 //! another file's or moved within its file fails to open: the read gets
 //! EIO, never wrong data. Replacing a block by an older version of the
 //! same block of the same file is not detected (as with gocryptfs).
 //!
-//! On disk block `i` sits at `i × (BLOCK + BLOCK_OVERHEAD)`: nonce,
-//! ciphertext, tag; the last block may be short. A block of zeros is a
-//! hole (a sparse region never written) and reads as zeros.
+//! On disk block `i` sits at `i × unit`: nonce, ciphertext, tag; the last
+//! block may be short. A block of zeros is a hole (a sparse region never
+//! written) and reads as zeros.
+//!
+//! [`BlockLayout::PAGE`] (every volume formatted now): a sealed block fills one
+//! 4 KiB page of the backing file exactly, so 4,068 plaintext bytes per
+//! block. The kernel cuts a buffered write short only between pages (a
+//! SIGKILL arriving mid-`pwrite`), so a daemon killed at any moment leaves
+//! each block old or new, never torn. [`BlockLayout::SPREAD`] (4 KiB of
+//! plaintext in 4,124 bytes) is what the first encrypted volumes used:
+//! still read and written, but there a killed daemon can tear a block.
 
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
@@ -16,13 +24,62 @@ use zeroize::Zeroizing;
 
 use super::{CryptoError, random};
 
-/// Plaintext bytes of a block.
-pub const BLOCK: usize = 4096;
 /// Bytes a block adds on disk: its nonce and its tag.
 pub const BLOCK_OVERHEAD: usize = 12 + 16;
+const OVERHEAD: u64 = BLOCK_OVERHEAD as u64;
+
+/// How sealed blocks sit in a backing file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockLayout {
+    block: u64,
+}
+
+impl BlockLayout {
+    /// One sealed block per page: never torn by a killed daemon.
+    pub const PAGE: BlockLayout = BlockLayout {
+        block: 4096 - OVERHEAD,
+    };
+    /// 4 KiB plaintext blocks straddling pages (the first encrypted volumes).
+    pub const SPREAD: BlockLayout = BlockLayout { block: 4096 };
+
+    /// Plaintext bytes of a full block.
+    pub const fn block(self) -> u64 {
+        self.block
+    }
+
+    /// On-disk bytes of a full block.
+    pub const fn unit(self) -> u64 {
+        self.block + OVERHEAD
+    }
+
+    /// The on-disk size of a file of `plain` bytes.
+    pub fn sealed_len(self, plain: u64) -> u64 {
+        let rest = plain % self.block;
+        plain / self.block * self.unit() + if rest > 0 { rest + OVERHEAD } else { 0 }
+    }
+
+    /// The plaintext size of a file whose backing file is `sealed` bytes
+    /// (`None` if no file of blocks has that size).
+    pub fn plain_len(self, sealed: u64) -> Option<u64> {
+        let full = sealed / self.unit() * self.block;
+        match sealed % self.unit() {
+            0 => Some(full),
+            r if r > OVERHEAD => Some(full + r - OVERHEAD),
+            _ => None,
+        }
+    }
+
+    /// [`BlockLayout::plain_len`], where a length no file of blocks has (an
+    /// extension torn by a crash) counts only its whole blocks.
+    pub fn plain_size(self, sealed: u64) -> u64 {
+        self.plain_len(sealed)
+            .unwrap_or(sealed / self.unit() * self.block)
+    }
+}
 
 pub struct BlockCipher {
     gcm: Aes256Gcm,
+    layout: BlockLayout,
 }
 
 fn aad(ino: u64, index: u64) -> [u8; 16] {
@@ -33,15 +90,20 @@ fn aad(ino: u64, index: u64) -> [u8; 16] {
 }
 
 impl BlockCipher {
-    pub fn new(key: &Zeroizing<[u8; 32]>) -> Self {
+    pub fn new(key: &Zeroizing<[u8; 32]>, layout: BlockLayout) -> Self {
         BlockCipher {
             gcm: Aes256Gcm::new(key.as_ref().into()),
+            layout,
         }
     }
 
-    /// Seals block `index` of inode `ino` (at most [`BLOCK`] bytes).
+    pub fn layout(&self) -> BlockLayout {
+        self.layout
+    }
+
+    /// Seals block `index` of inode `ino` (at most a block).
     pub fn seal(&self, ino: u64, index: u64, plain: &[u8]) -> Result<Vec<u8>, CryptoError> {
-        debug_assert!(plain.len() <= BLOCK);
+        debug_assert!(plain.len() as u64 <= self.layout.block);
         let mut nonce = [0u8; 12];
         random(&mut nonce)?;
         let a = aad(ino, index);
@@ -64,7 +126,7 @@ impl BlockCipher {
     /// Opens block `index` of inode `ino` as read from disk. All zeros is
     /// a hole: zeros of the plaintext length.
     pub fn open(&self, ino: u64, index: u64, sealed: &[u8]) -> Result<Vec<u8>, CryptoError> {
-        if sealed.len() < BLOCK_OVERHEAD || sealed.len() > BLOCK + BLOCK_OVERHEAD {
+        if sealed.len() < BLOCK_OVERHEAD || sealed.len() as u64 > self.layout.unit() {
             return Err(CryptoError::Tampered);
         }
         if sealed.iter().all(|&b| b == 0) {
@@ -76,30 +138,22 @@ impl BlockCipher {
             .decrypt(Nonce::from_slice(nonce), Payload { msg: ct, aad: &a })
             .map_err(|_| CryptoError::Tampered)
     }
-}
 
-/// The on-disk size of a file of `plain` bytes.
-pub fn sealed_len(plain: u64) -> u64 {
-    let full = plain / BLOCK as u64;
-    let rest = plain % BLOCK as u64;
-    full * (BLOCK + BLOCK_OVERHEAD) as u64
-        + if rest > 0 {
-            rest + BLOCK_OVERHEAD as u64
-        } else {
-            0
-        }
-}
-
-/// The plaintext size of a file whose backing file is `sealed` bytes
-/// (`None` if no file of blocks has that size).
-pub fn plain_len(sealed: u64) -> Option<u64> {
-    let unit = (BLOCK + BLOCK_OVERHEAD) as u64;
-    let full = sealed / unit;
-    let rest = sealed % unit;
-    match rest {
-        0 => Some(full * BLOCK as u64),
-        r if r > BLOCK_OVERHEAD as u64 => Some(full * BLOCK as u64 + r - BLOCK_OVERHEAD as u64),
-        _ => None,
+    /// A last block that does not open may be one an interrupted truncate
+    /// shortened in place: the shorter block was written over the start of
+    /// the old one and the daemon died before it cut the backing file. The
+    /// prefix that opens is that block: its on-disk length and plaintext.
+    /// (Trying every length costs a few milliseconds, only ever on a block
+    /// that fails; a forgery still needs a valid tag.)
+    pub fn open_cut(&self, ino: u64, index: u64, sealed: &[u8]) -> Option<(usize, Vec<u8>)> {
+        let a = aad(ino, index);
+        (BLOCK_OVERHEAD + 1..sealed.len()).rev().find_map(|len| {
+            let (nonce, ct) = sealed[..len].split_at(12);
+            self.gcm
+                .decrypt(Nonce::from_slice(nonce), Payload { msg: ct, aad: &a })
+                .ok()
+                .map(|plain| (len, plain))
+        })
     }
 }
 
@@ -109,10 +163,10 @@ mod tests {
 
     #[test]
     fn blocks_open_only_where_they_were_sealed() {
-        let c = BlockCipher::new(&Zeroizing::new([9u8; 32]));
-        let data = vec![0x42u8; BLOCK];
+        let c = BlockCipher::new(&Zeroizing::new([9u8; 32]), BlockLayout::PAGE);
+        let data = vec![0x42u8; BlockLayout::PAGE.block() as usize];
         let s = c.seal(10, 3, &data).unwrap();
-        assert_eq!(s.len(), BLOCK + BLOCK_OVERHEAD);
+        assert_eq!(s.len(), 4096, "one page");
         assert_eq!(c.open(10, 3, &s).unwrap(), data);
         assert!(c.open(10, 4, &s).is_err(), "moved within the file");
         assert!(c.open(11, 3, &s).is_err(), "swapped into another file");
@@ -129,10 +183,30 @@ mod tests {
     }
 
     #[test]
+    fn a_block_shortened_in_place_is_found_under_the_old_ones_tail() {
+        let c = BlockCipher::new(&Zeroizing::new([9u8; 32]), BlockLayout::PAGE);
+        let mut disk = c.seal(4, 2, &[0x11u8; 3000]).unwrap();
+        let short = c.seal(4, 2, &[0x22u8; 700]).unwrap();
+        disk[..short.len()].copy_from_slice(&short);
+        assert!(c.open(4, 2, &disk).is_err());
+        assert_eq!(
+            c.open_cut(4, 2, &disk),
+            Some((700 + BLOCK_OVERHEAD, vec![0x22u8; 700]))
+        );
+        assert_eq!(c.open_cut(5, 2, &disk), None, "not another file's block");
+    }
+
+    #[test]
     fn sizes_convert_both_ways() {
-        for plain in [0u64, 1, 4095, 4096, 4097, 8192, 1 << 20, (1 << 20) + 3] {
-            assert_eq!(plain_len(sealed_len(plain)), Some(plain), "{plain}");
+        for layout in [BlockLayout::PAGE, BlockLayout::SPREAD] {
+            let b = layout.block();
+            for plain in [0u64, 1, b - 1, b, b + 1, 2 * b, 1 << 20, (1 << 20) + 3] {
+                assert_eq!(layout.plain_len(layout.sealed_len(plain)), Some(plain));
+            }
+            assert_eq!(layout.plain_len(5), None, "shorter than a block's overhead");
+            assert_eq!(layout.plain_size(2 * layout.unit() + 5), 2 * b);
         }
-        assert_eq!(plain_len(5), None, "shorter than a block's overhead");
+        assert_eq!(BlockLayout::PAGE.unit(), 4096);
+        assert_eq!(BlockLayout::SPREAD.unit(), 4096 + 28);
     }
 }

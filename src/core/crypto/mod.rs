@@ -5,8 +5,8 @@
 //!                                                                       │ HKDF-SHA256(salt = volume uuid)
 //!            ┌──────────────────────────────┬───────────────────────────┴──────────────┐
 //!     "safs names v1" (64 B)      "safs records v1" (32 B)             "safs contents v1" (32 B)
-//!     AES-256-SIV: names in keys  AES-256-GCM-SIV: every record value   AES-256-GCM: 4 KiB blocks
-//!     (dirents, overflow xattrs), but the superblock and the key          of file contents
+//!     AES-256-SIV: names in keys  AES-256-GCM-SIV: every record value   AES-256-GCM: blocks, one
+//!     (dirents, overflow xattrs), but the superblock and the key          per 4 KiB page
 //!     deterministic per directory record
 //!     / per inode
 //! ```
@@ -35,7 +35,7 @@ use hkdf::Hkdf;
 use sha2::Sha256;
 use zeroize::Zeroizing;
 
-pub use blocks::{BLOCK, BLOCK_OVERHEAD, BlockCipher, plain_len, sealed_len};
+pub use blocks::{BLOCK_OVERHEAD, BlockCipher, BlockLayout};
 pub use keyfile::{KdfParams, KeyRecord, tune_kdf};
 pub use keyspace::Keyspace;
 pub use names::{NAME_OVERHEAD, NameCipher, NameOf};
@@ -75,8 +75,14 @@ pub struct VolumeKeys {
 }
 
 impl VolumeKeys {
-    /// Derives every key from `master` for the volume `uuid`.
+    /// Derives every key from `master` for the volume `uuid`, whose
+    /// contents are sealed in the current layout.
     pub fn derive(master: &[u8; 32], uuid: &[u8; 16]) -> VolumeKeys {
+        Self::derive_for(master, uuid, BlockLayout::PAGE)
+    }
+
+    /// [`VolumeKeys::derive`] for contents sealed in `layout`.
+    pub fn derive_for(master: &[u8; 32], uuid: &[u8; 16], layout: BlockLayout) -> VolumeKeys {
         let hk = Hkdf::<Sha256>::new(Some(uuid), master);
         let mut names = Zeroizing::new([0u8; 64]);
         let mut records = Zeroizing::new([0u8; 32]);
@@ -91,7 +97,7 @@ impl VolumeKeys {
         VolumeKeys {
             names: NameCipher::new(&names),
             records: Aes256GcmSiv::new(records.as_ref().into()),
-            blocks: BlockCipher::new(&contents),
+            blocks: BlockCipher::new(&contents, layout),
         }
     }
 

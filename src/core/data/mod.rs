@@ -73,8 +73,8 @@ impl DataStore {
 
     /// The size of a file whose backing file is `len` bytes long.
     pub fn plain_size(&self, len: u64) -> u64 {
-        if self.keys.is_some() {
-            sealed::plain_size(len)
+        if let Some(keys) = &self.keys {
+            keys.blocks().layout().plain_size(len)
         } else {
             len
         }
@@ -116,6 +116,23 @@ impl DataStore {
             return s.set_len(size);
         }
         file.set_len(size)
+    }
+
+    /// Recovery after an unclean stop: finishes a truncate of sealed
+    /// contents the daemon was killed inside ([`sealed::Sealed::finish_cut`]).
+    /// True if it did; always false on unencrypted volumes.
+    pub fn finish_cut(&self, ino: u64) -> io::Result<bool> {
+        if self.keys.is_none() {
+            return Ok(false);
+        }
+        let file = match self.open_with(ino, false) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let (s, lock) = self.sealed(&file, ino).expect("sealed volume");
+        let _g = lock.write();
+        s.finish_cut()
     }
 
     /// `fallocate` of `ino`'s contents. Sealed contents take mode 0 and

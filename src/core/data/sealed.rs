@@ -1,9 +1,9 @@
-//! Contents of encrypted volumes: a backing file of sealed 4 KiB blocks
-//! (see `crypto::blocks`), read and written through the daemon.
+//! Contents of encrypted volumes: a backing file of sealed blocks (see
+//! `crypto::blocks`), read and written through the daemon.
 //!
-//! Block `i` sits at `i × UNIT` (`UNIT` = block + nonce + tag); the last
-//! block may be short, and the backing file's length gives the plaintext
-//! size. A slot of zeros is a hole and reads as zeros, so extending a file
+//! Block `i` sits at `i × unit` (a unit = block + nonce + tag: one page in
+//! the current layout); the last block may be short, and the backing
+//! file's length gives the plaintext size. A slot of zeros is a hole and reads as zeros, so extending a file
 //! (truncate up, a write past the end, fallocate) writes nothing but the
 //! old last block padded to full length: the length and the holes follow.
 //!
@@ -12,28 +12,22 @@
 //! straddles pages, so neither a concurrent writer nor a reader may see
 //! half of one.
 //!
-//! Crash behaviour: a block rewritten in place can be torn by a crash and
-//! then reads as EIO (as with gocryptfs); the size is never torn into
-//! garbage — a length that no file of blocks has is read as the largest
-//! whole-block size below it. Order of writes: a partial last block is
-//! padded before anything is written after it, and a truncate cuts the
-//! backing file before it appends the shortened block.
+//! Crash behaviour (a killed daemon; the kernel keeps what it wrote): every
+//! block is written with one `pwrite` of whole units, and the kernel cuts a
+//! write short only between pages, so in the page layout each block is old
+//! or new, never torn, and an extension keeps whole blocks. Order of
+//! writes: a partial last block is padded before anything is written after
+//! it; a truncate inside a block writes the shortened block over the old
+//! one's start, then cuts the backing file — killed in between, recovery
+//! finds that block as the prefix that opens ([`Sealed::finish_cut`]). A power
+//! failure can still tear blocks written since the last `fsync` (as with
+//! gocryptfs): they read as EIO.
 
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 
-use crate::core::crypto::{BLOCK, BLOCK_OVERHEAD, BlockCipher, plain_len, sealed_len};
-
-const B: u64 = BLOCK as u64;
-/// On-disk bytes of one full block.
-const UNIT: u64 = (BLOCK + BLOCK_OVERHEAD) as u64;
-
-/// The plaintext size of a backing file of `len` bytes; a torn length (a
-/// crash inside an extension) counts only its whole blocks.
-pub fn plain_size(len: u64) -> u64 {
-    plain_len(len).unwrap_or(len / UNIT * B)
-}
+use crate::core::crypto::{BLOCK_OVERHEAD, BlockCipher, BlockLayout};
 
 pub struct Sealed<'a> {
     pub cipher: &'a BlockCipher,
@@ -42,8 +36,45 @@ pub struct Sealed<'a> {
 }
 
 impl Sealed<'_> {
+    fn layout(&self) -> BlockLayout {
+        self.cipher.layout()
+    }
+
     fn size(&self) -> io::Result<u64> {
-        Ok(plain_size(self.file.metadata()?.len()))
+        Ok(self.layout().plain_size(self.file.metadata()?.len()))
+    }
+
+    fn open(&self, index: u64, sealed: &[u8]) -> io::Result<Vec<u8>> {
+        self.cipher
+            .open(self.ino, index, sealed)
+            .map_err(|_| self.tampered(index))
+    }
+
+    /// Recovery after an unclean stop: a last block that does not open but
+    /// whose prefix does is one a killed truncate shortened in place; the
+    /// backing file is cut as that truncate meant to. True if it was.
+    pub fn finish_cut(&self) -> io::Result<bool> {
+        let size = self.size()?;
+        if size == 0 {
+            return Ok(false);
+        }
+        let (b, unit) = (self.layout().block(), self.layout().unit());
+        let index = (size - 1) / b;
+        let mut buf = vec![0u8; (self.layout().sealed_len(size) - index * unit) as usize];
+        read_exact_at(self.file, &mut buf, index * unit)?;
+        if self.cipher.open(self.ino, index, &buf).is_ok() {
+            return Ok(false);
+        }
+        let Some((len, _)) = self.cipher.open_cut(self.ino, index, &buf) else {
+            return Ok(false);
+        };
+        tracing::warn!(
+            ino = self.ino,
+            block = index,
+            "the last content block was shortened by a truncate the daemon did not finish; finishing it"
+        );
+        self.file.set_len(index * unit + len as u64)?;
+        Ok(true)
     }
 
     fn tampered(&self, index: u64) -> io::Error {
@@ -57,16 +88,15 @@ impl Sealed<'_> {
 
     /// Plaintext of block `index` of a file of `size` bytes (empty past the end).
     fn read_block(&self, index: u64, size: u64) -> io::Result<Vec<u8>> {
-        let start = index * B;
+        let (b, unit) = (self.layout().block(), self.layout().unit());
+        let start = index * b;
         if start >= size {
             return Ok(Vec::new());
         }
-        let len = (size - start).min(B) as usize + BLOCK_OVERHEAD;
+        let len = (size - start).min(b) as usize + BLOCK_OVERHEAD;
         let mut buf = vec![0u8; len];
-        read_exact_at(self.file, &mut buf, index * UNIT)?;
-        self.cipher
-            .open(self.ino, index, &buf)
-            .map_err(|_| self.tampered(index))
+        read_exact_at(self.file, &mut buf, index * unit)?;
+        self.open(index, &buf)
     }
 
     fn seal(&self, index: u64, plain: &[u8]) -> io::Result<Vec<u8>> {
@@ -78,14 +108,15 @@ impl Sealed<'_> {
     /// Pads a partial last block of a file of `size` bytes to `to` bytes
     /// (at most a block), so that data can follow it.
     fn pad_last(&self, size: u64, to: u64) -> io::Result<()> {
-        let index = size / B;
-        if size % B == 0 || to <= size {
+        let (b, unit) = (self.layout().block(), self.layout().unit());
+        let index = size / b;
+        if size % b == 0 || to <= size {
             return Ok(());
         }
         let mut plain = self.read_block(index, size)?;
-        plain.resize((to - index * B).min(B) as usize, 0);
+        plain.resize((to - index * b).min(b) as usize, 0);
         let sealed = self.seal(index, &plain)?;
-        self.file.write_all_at(&sealed, index * UNIT)
+        self.file.write_all_at(&sealed, index * unit)
     }
 
     /// Up to `len` bytes at `offset`; short at the end of the file.
@@ -95,18 +126,16 @@ impl Sealed<'_> {
         if offset >= end {
             return Ok(Vec::new());
         }
-        let (first, last) = (offset / B, (end - 1) / B);
-        let disk_end = sealed_len(size).min((last + 1) * UNIT);
-        let mut raw = vec![0u8; (disk_end - first * UNIT) as usize];
-        read_exact_at(self.file, &mut raw, first * UNIT)?;
+        let (b, unit) = (self.layout().block(), self.layout().unit());
+        let (first, last) = (offset / b, (end - 1) / b);
+        let disk_end = self.layout().sealed_len(size).min((last + 1) * unit);
+        let mut raw = vec![0u8; (disk_end - first * unit) as usize];
+        read_exact_at(self.file, &mut raw, first * unit)?;
         let mut out = Vec::with_capacity((end - offset) as usize);
-        for (i, sealed) in raw.chunks(UNIT as usize).enumerate() {
+        for (i, sealed) in raw.chunks(unit as usize).enumerate() {
             let index = first + i as u64;
-            let plain = self
-                .cipher
-                .open(self.ino, index, sealed)
-                .map_err(|_| self.tampered(index))?;
-            let base = index * B;
+            let plain = self.open(index, sealed)?;
+            let base = index * b;
             let from = offset.saturating_sub(base) as usize;
             let to = ((end - base) as usize).min(plain.len());
             out.extend_from_slice(&plain[from..to]);
@@ -120,16 +149,17 @@ impl Sealed<'_> {
             return Ok(());
         }
         let size = self.size()?;
+        let (b, unit) = (self.layout().block(), self.layout().unit());
         let end = offset + data.len() as u64;
         let new_size = size.max(end);
-        let (first, last) = (offset / B, (end - 1) / B);
-        if size / B < first {
+        let (first, last) = (offset / b, (end - 1) / b);
+        if size / b < first {
             self.pad_last(size, new_size)?;
         }
-        let mut out = Vec::with_capacity(((last - first + 1) * UNIT) as usize);
+        let mut out = Vec::with_capacity(((last - first + 1) * unit) as usize);
         for index in first..=last {
-            let base = index * B;
-            let block_len = (new_size - base).min(B) as usize;
+            let base = index * b;
+            let block_len = (new_size - base).min(b) as usize;
             let (from, to) = (
                 offset.max(base) - base,
                 end.min(base + block_len as u64) - base,
@@ -145,27 +175,34 @@ impl Sealed<'_> {
             };
             out.extend_from_slice(&sealed);
         }
-        self.file.write_all_at(&out, first * UNIT)
+        // One write: cut short by a kill only between pages (units).
+        self.file.write_all_at(&out, first * unit)
     }
 
     /// Sets the plaintext size to `new`.
     pub fn set_len(&self, new: u64) -> io::Result<()> {
         let size = self.size()?;
+        let layout = self.layout();
         if new > size {
             self.pad_last(size, new)?;
-            return self.file.set_len(sealed_len(new));
+            return self.file.set_len(layout.sealed_len(new));
         }
-        let index = new / B;
-        if new % B == 0 || new == size {
-            return self.file.set_len(sealed_len(new));
+        let (b, unit) = (layout.block(), layout.unit());
+        let index = new / b;
+        if new % b == 0 || new == size {
+            return self.file.set_len(layout.sealed_len(new));
         }
-        // Cut inside a block: drop it, then append it shortened (never a
-        // torn block in place, at worst a shorter file after a crash).
+        // Cut inside a block: cut what follows the block, write the
+        // shortened block over its start, then cut its old tail. Killed
+        // in between, recovery finds the shortened block (`finish_cut`).
         let mut plain = self.read_block(index, size)?;
-        plain.truncate((new - index * B) as usize);
+        plain.truncate((new - index * b) as usize);
         let sealed = self.seal(index, &plain)?;
-        self.file.set_len(index * UNIT)?;
-        self.file.write_all_at(&sealed, index * UNIT)
+        if size.div_ceil(b) > index + 1 {
+            self.file.set_len((index + 1) * unit)?;
+        }
+        self.file.write_all_at(&sealed, index * unit)?;
+        self.file.set_len(layout.sealed_len(new))
     }
 
     /// Zeros `[offset, offset + len)` within the file (not past its end):
@@ -177,11 +214,13 @@ impl Sealed<'_> {
         if offset >= end {
             return Ok(());
         }
-        let (first, last) = (offset / B, (end - 1) / B);
+        let layout = self.layout();
+        let (b, unit) = (layout.block(), layout.unit());
+        let (first, last) = (offset / b, (end - 1) / b);
         let mut whole = Vec::new();
         for index in first..=last {
-            let base = index * B;
-            let block_len = (size - base).min(B);
+            let base = index * b;
+            let block_len = (size - base).min(b);
             let (from, to) = (offset.max(base) - base, end.min(base + block_len) - base);
             if from == 0 && to == block_len {
                 whole.push(index);
@@ -190,11 +229,11 @@ impl Sealed<'_> {
             let mut plain = self.read_block(index, size)?;
             plain[from as usize..to as usize].fill(0);
             let sealed = self.seal(index, &plain)?;
-            self.file.write_all_at(&sealed, index * UNIT)?;
+            self.file.write_all_at(&sealed, index * unit)?;
         }
-        if let (Some(&a), Some(&b)) = (whole.first(), whole.last()) {
-            let start = a * UNIT;
-            let stop = sealed_len(size).min((b + 1) * UNIT);
+        if let (Some(&a), Some(&z)) = (whole.first(), whole.last()) {
+            let start = a * unit;
+            let stop = layout.sealed_len(size).min((z + 1) * unit);
             punch(self.file, start, stop - start)?;
         }
         Ok(())
@@ -207,8 +246,9 @@ impl Sealed<'_> {
         if end == offset {
             return Ok(());
         }
-        let start = offset / B * UNIT;
-        let stop = end.div_ceil(B) * UNIT;
+        let (b, unit) = (self.layout().block(), self.layout().unit());
+        let start = offset / b * unit;
+        let stop = end.div_ceil(b) * unit;
         nix::fcntl::fallocate(
             self.file,
             nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
@@ -291,8 +331,12 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(64))]
         /// Every operation agrees with a plain byte vector.
         #[test]
-        fn sealed_file_behaves_like_bytes(ops in prop::collection::vec(op(), 1..40)) {
-            let cipher = BlockCipher::new(&Zeroizing::new([3u8; 32]));
+        fn sealed_file_behaves_like_bytes(
+            ops in prop::collection::vec(op(), 1..40),
+            page in any::<bool>(),
+        ) {
+            let layout = if page { BlockLayout::PAGE } else { BlockLayout::SPREAD };
+            let cipher = BlockCipher::new(&Zeroizing::new([3u8; 32]), layout);
             let file = tempfile::tempfile().unwrap();
             let s = Sealed { cipher: &cipher, file: &file, ino: 77 };
             let mut model: Vec<u8> = Vec::new();
@@ -318,7 +362,7 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(s.len().unwrap(), model.len() as u64);
-                prop_assert_eq!(file.metadata().unwrap().len(), sealed_len(model.len() as u64));
+                prop_assert_eq!(file.metadata().unwrap().len(), layout.sealed_len(model.len() as u64));
             }
             prop_assert_eq!(s.read(0, u64::MAX / 2).unwrap(), model);
         }
@@ -326,22 +370,24 @@ mod tests {
 
     #[test]
     fn a_changed_block_reads_as_eio_and_only_that_block() {
-        let cipher = BlockCipher::new(&Zeroizing::new([3u8; 32]));
+        let layout = BlockLayout::PAGE;
+        let (b, unit) = (layout.block(), layout.unit());
+        let cipher = BlockCipher::new(&Zeroizing::new([3u8; 32]), layout);
         let file = tempfile::tempfile().unwrap();
         let s = Sealed {
             cipher: &cipher,
             file: &file,
             ino: 5,
         };
-        s.write(0, &vec![7u8; 3 * BLOCK]).unwrap();
+        s.write(0, &vec![7u8; 3 * b as usize]).unwrap();
         // Flipped, not overwritten: sealed bytes are random, so a constant
         // would leave the block intact once in 256 runs.
         let mut byte = [0u8];
-        file.read_exact_at(&mut byte, UNIT + 40).unwrap();
-        file.write_all_at(&[byte[0] ^ 0xff], UNIT + 40).unwrap();
-        assert_eq!(s.read(0, B).unwrap(), vec![7u8; BLOCK]);
-        assert_eq!(s.read(2 * B, B).unwrap(), vec![7u8; BLOCK]);
-        let e = s.read(B + 10, 10).unwrap_err();
+        file.read_exact_at(&mut byte, unit + 40).unwrap();
+        file.write_all_at(&[byte[0] ^ 0xff], unit + 40).unwrap();
+        assert_eq!(s.read(0, b).unwrap(), vec![7u8; b as usize]);
+        assert_eq!(s.read(2 * b, b).unwrap(), vec![7u8; b as usize]);
+        let e = s.read(b + 10, 10).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EIO));
         // Another file's blocks do not open under this inode.
         let other = Sealed {
@@ -354,7 +400,29 @@ mod tests {
             Some(libc::EIO)
         );
         // A torn length keeps its whole blocks.
-        file.set_len(2 * UNIT + 5).unwrap();
-        assert_eq!(s.len().unwrap(), 2 * B);
+        file.set_len(2 * unit + 5).unwrap();
+        assert_eq!(s.len().unwrap(), 2 * b);
+    }
+
+    #[test]
+    fn a_truncate_killed_before_its_last_cut_is_finished_by_recovery() {
+        let layout = BlockLayout::PAGE;
+        let cipher = BlockCipher::new(&Zeroizing::new([3u8; 32]), layout);
+        let file = tempfile::tempfile().unwrap();
+        let s = Sealed {
+            cipher: &cipher,
+            file: &file,
+            ino: 9,
+        };
+        s.write(0, &vec![5u8; 3000]).unwrap();
+        // What `set_len(1000)` does up to its last step.
+        let short = cipher.seal(9, 0, &[5u8; 1000]).unwrap();
+        file.write_all_at(&short, 0).unwrap();
+        assert_eq!(s.read(0, 5000).unwrap_err().raw_os_error(), Some(libc::EIO));
+        assert!(s.finish_cut().unwrap());
+        assert!(!s.finish_cut().unwrap(), "once");
+        assert_eq!(s.read(0, 5000).unwrap(), vec![5u8; 1000]);
+        assert_eq!(s.len().unwrap(), 1000);
+        assert_eq!(file.metadata().unwrap().len(), layout.sealed_len(1000));
     }
 }

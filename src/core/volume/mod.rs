@@ -26,13 +26,16 @@ use crate::meta::{self, EngineKind, MetaError, MetaRead, MetaStore};
 mod lock;
 mod unlock;
 pub use lock::{STOPPING_DAEMON_WAIT, VolumeLock, is_mounted, mountpoint_of, volume_of_mount};
-pub use unlock::{Encryption, change_passphrase, check_keys, key_record, keys_for, unlock};
+pub use unlock::{
+    Encryption, block_layout, change_passphrase, check_keys, key_record, keys_for, unlock,
+};
 
 pub const DEFAULT_INLINE_BYTES: u32 = 320;
 pub const MAX_INLINE_BYTES: u32 = 16_384;
 pub const ROOT_INO: u64 = 1;
 /// Feature bits this build understands.
-pub const KNOWN_FEATURES: u64 = crate::format::superblock::FEATURE_ENCRYPTED;
+pub const KNOWN_FEATURES: u64 =
+    crate::format::superblock::FEATURE_ENCRYPTED | crate::format::superblock::FEATURE_PAGE_BLOCKS;
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -223,6 +226,7 @@ pub fn initial_records(opts: &FormatOptions) -> (Superblock, Vec<crate::meta::Wr
         inline_bytes: opts.inline_bytes,
         features: if opts.encryption.is_some() {
             crate::format::superblock::FEATURE_ENCRYPTED
+                | crate::format::superblock::FEATURE_PAGE_BLOCKS
         } else {
             0
         },

@@ -63,7 +63,16 @@ pub fn unlock(
 
 /// Every key of the volume, derived from its master key.
 pub fn keys_for(master: &[u8; 32], sb: &Superblock) -> Arc<VolumeKeys> {
-    Arc::new(VolumeKeys::derive(master, &sb.uuid))
+    Arc::new(VolumeKeys::derive_for(master, &sb.uuid, block_layout(sb)))
+}
+
+/// How the encrypted volume `sb` seals file contents.
+pub fn block_layout(sb: &Superblock) -> crypto::BlockLayout {
+    if sb.has_page_blocks() {
+        crypto::BlockLayout::PAGE
+    } else {
+        crypto::BlockLayout::SPREAD
+    }
 }
 
 /// Checks that `keys` are the volume's: its sealed counters record opens
