@@ -26,6 +26,7 @@ fn core(c: &mut Criterion) {
             uid: 0,
             gid: 0,
             encryption: None,
+            engine: safs::meta::NewEngine::Lmdb,
         },
     )
     .expect("format");

@@ -75,6 +75,24 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get -o DPkg::Lock::Timeout=600 update -qq
   apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${need[@]}"
 fi
+# PostgreSQL's server, for the volumes whose metadata lives there (tests
+# start private clusters of their own): without the default cluster the
+# package would create and start.
+pg_bin() {
+  if have initdb && have pg_ctl; then dirname "$(command -v initdb)"; else
+    find /usr/lib/postgresql -mindepth 2 -maxdepth 2 -name bin 2>/dev/null | sort -V | tail -n 1
+  fi
+}
+if [ -z "$(pg_bin)" ]; then
+  say "installing PostgreSQL (no default cluster)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get -o DPkg::Lock::Timeout=600 update -qq
+  apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends postgresql-common
+  sed -i 's/^#* *create_main_cluster.*/create_main_cluster = false/' /etc/postgresql-common/createcluster.conf
+  apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends postgresql
+fi
+PG_BIN=$(pg_bin)
+[ -x "$PG_BIN/initdb" ] || die "PostgreSQL's initdb is missing after installing postgresql"
 [ -e /dev/fuse ] || modprobe fuse 2>/dev/null || true
 [ -e /dev/fuse ] || die "/dev/fuse is missing: safs's tests need FUSE (modprobe fuse, or run the container with --device /dev/fuse)"
 
@@ -114,6 +132,10 @@ ENC_PASS=$WORK/passphrase
 # The second volume, served over /dev/fuse, for pjdfstest on that transport.
 DEV_VOL=$WORK/dvol
 DEV_MNT=$WORK/dmnt
+# The volume whose metadata lives in PostgreSQL, and its private cluster.
+PG_VOL=$WORK/pgvol
+PG_MNT=$WORK/pgmnt
+PG_DATA=$WORK/pgdata
 SUMMARY=()
 FAILURES=0
 TOTAL_PASSED=0
@@ -157,15 +179,29 @@ restore_helper() {
   HELPER_INSTALLED=0
 }
 
+# A private PostgreSQL cluster in $PG_DATA, on a Unix socket there only,
+# run as the postgres user (the server refuses root).
+pg() { runuser -u postgres -- "$PG_BIN/$1" "${@:2}"; }
+pg_start() {
+  mkdir -p "$PG_DATA" && chown postgres: "$PG_DATA" &&
+    pg initdb -D "$PG_DATA" -U postgres -A trust -E UTF8 --no-instructions >"$WORK/initdb.log" 2>&1 &&
+    printf "listen_addresses = ''\nunix_socket_directories = '%s'\n" "$PG_DATA" >>"$PG_DATA/postgresql.auto.conf" &&
+    pg pg_ctl -D "$PG_DATA" -l "$PG_DATA/server.log" -w start >/dev/null
+}
+pg_stop() {
+  if [ -f "$PG_DATA/postmaster.pid" ]; then pg pg_ctl -D "$PG_DATA" -m immediate -w stop >/dev/null 2>&1 || true; fi
+}
+
 cleanup() {
   local rc=$?
   trap - EXIT
   restore_helper
   local m v
-  for m in "$MNT" "$ENC_MNT" "$DEV_MNT"; do
+  for m in "$MNT" "$ENC_MNT" "$DEV_MNT" "$PG_MNT"; do
     v=$VOL
     [ "$m" = "$ENC_MNT" ] && v=$ENC_VOL
     [ "$m" = "$DEV_MNT" ] && v=$DEV_VOL
+    [ "$m" = "$PG_MNT" ] && v=$PG_VOL
     if is_mounted "$m"; then
       umount "$m" 2>/dev/null || fusermount3 -u -z "$m" 2>/dev/null || umount -l "$m" || true
       # The daemon flushes and exits; wait (bounded) until it released the lock.
@@ -176,8 +212,9 @@ cleanup() {
     fi
   done
   [ "$CLEAN_STRAY_MOUNTS" = 1 ] && clean_stray_mounts
+  pg_stop
   restore_uring
-  if ! is_mounted "$MNT" && ! is_mounted "$ENC_MNT" && ! is_mounted "$DEV_MNT"; then rm -rf "$WORK"; fi
+  if ! is_mounted "$MNT" && ! is_mounted "$ENC_MNT" && ! is_mounted "$DEV_MNT" && ! is_mounted "$PG_MNT"; then rm -rf "$WORK"; fi
   exit "$rc"
 }
 trap cleanup EXIT
@@ -367,6 +404,26 @@ if [ "$MAIN_TRANSPORT" != dev ] && [ -x "$SAFS" ] && pjdfstest_ready && [ -f "$W
   fi
 fi
 
+# pjdfstest (and its EROFS tests) and stress-ng on a volume whose metadata
+# lives in PostgreSQL (a private cluster), then its fsck.
+if [ -x "$SAFS" ] && pjdfstest_ready && [ -f "$WORK/pjdfstest-erofs.toml" ]; then
+  t0=$SECONDS
+  mkdir -p "$PG_MNT"
+  if ! pg_start; then
+    record FAIL $((SECONDS - t0)) "pjdfstest-postgres: not run, the PostgreSQL cluster did not start"
+    cat "$WORK/initdb.log" "$PG_DATA/server.log" 2>/dev/null | tail -n 30
+  elif ! "$SAFS" format "$PG_VOL" --meta "host=$PG_DATA user=postgres dbname=postgres" >/dev/null; then
+    record FAIL $((SECONDS - t0)) "pjdfstest-postgres: not run, safs format --meta failed"
+  elif ! "$SAFS" mount "$PG_VOL" "$PG_MNT" -o allow_other; then
+    record FAIL $((SECONDS - t0)) "pjdfstest-postgres: not run, safs mount failed"
+    tail -n 50 "$PG_VOL/safs.log" 2>/dev/null || true
+  else
+    run_pjdfstest pjdfstest-postgres "$ROOT/tests/pjdfstest.toml" "$PG_MNT/pjdfstest"
+    run_pjdfstest pjdfstest-postgres-erofs "$WORK/pjdfstest-erofs.toml" "$PG_MNT/pjdfstest-erofs" erofs
+    PG_STRESS=1
+  fi
+fi
+
 # --- 6. stress-ng ----------------------------------------------------------------
 # File-system stressors that check what they read back (--verify): data
 # through both caches, locks, mmap, links, renames, xattrs, directories.
@@ -418,6 +475,22 @@ run_stress() {
   fi
 }
 run_stress stress-ng "$MNT" "${STRESSORS[@]}"
+# The metadata stressors on the PostgreSQL volume, then its fsck.
+if [ "${PG_STRESS:-0}" = 1 ]; then
+  run_stress stress-ng-postgres "$PG_MNT" rename symlink chown getdent xattr dirdeep \
+    dirmany dentry utime mknod chmod filename link open dir fsize
+  t0=$SECONDS
+  umount "$PG_MNT"
+  if "$SAFS" fsck "$PG_VOL" >"$WORK/fsck-pg.log" 2>&1; then
+    TOTAL_PASSED=$((TOTAL_PASSED + 1))
+    record PASS $((SECONDS - t0)) "safs fsck of the PostgreSQL volume after pjdfstest and stress-ng: clean"
+  else
+    cat "$WORK/fsck-pg.log"
+    TOTAL_FAILED=$((TOTAL_FAILED + 1))
+    record FAIL $((SECONDS - t0)) "safs fsck of the PostgreSQL volume after pjdfstest and stress-ng"
+  fi
+  pg_stop
+fi
 
 # --- 7. fsck of the volume all of the above ran on ---------------------------
 t0=$SECONDS

@@ -67,6 +67,7 @@ fn encrypted_in(blocks: BlockLayout) -> Vol {
                 passphrase: zeroize::Zeroizing::new(PASS.to_vec()),
                 kdf: KdfParams::TESTING,
             }),
+            engine: safs::meta::NewEngine::Lmdb,
         },
     )
     .unwrap();

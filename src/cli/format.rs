@@ -34,6 +34,14 @@ pub struct FormatArgs {
     /// environment variable SAFS_PASSPHRASE_FILE.
     #[arg(long, value_name = "FILE", requires = "encrypt")]
     pub passphrase_file: Option<PathBuf>,
+    /// Keep the metadata in a PostgreSQL database instead of the volume's
+    /// embedded LMDB: a libpq connection string, URL
+    /// (`postgresql://user@host/db`) or `key=value` pairs. The password
+    /// comes from ~/.pgpass, PGPASSFILE or a passfile= parameter, never
+    /// from the string (it is stored in the volume). The database must
+    /// hold no other volume (--force replaces it).
+    #[arg(long, value_name = "CONNINFO")]
+    pub meta: Option<String>,
     /// Cheap key derivation, for tests only.
     #[arg(long, hide = true, requires = "encrypt")]
     pub kdf_testing: bool,
@@ -59,6 +67,10 @@ pub fn run(a: FormatArgs) -> anyhow::Result<()> {
         uid: nix::unistd::getuid().as_raw(),
         gid: nix::unistd::getgid().as_raw(),
         encryption,
+        engine: match a.meta {
+            Some(conninfo) => safs::meta::NewEngine::Postgres(conninfo),
+            None => safs::meta::NewEngine::Lmdb,
+        },
     };
     let sb = volume::format(&a.volume, &opts)
         .with_context(|| format!("cannot format {}", a.volume.display()))?;

@@ -162,6 +162,10 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     }
     println!("uuid:           {}", uuid::Uuid::from_bytes(sb.uuid));
     println!("format version: {}", sb.format_version);
+    println!(
+        "metadata:       {}",
+        safs::meta::describe(&Layout::new(&vol).meta())
+    );
     println!("inline xattrs:  {} bytes per inode", sb.inline_bytes);
     if sb.is_encrypted() {
         // The key record is readable without the passphrase; the counters

@@ -65,6 +65,7 @@ fn setup(budget: u32) -> T {
         uid: 0,
         gid: 0,
         encryption: None,
+        engine: crate::meta::NewEngine::Lmdb,
     });
     engine.commit(&recs).unwrap();
     let fs = remount(dir.path(), &engine, sb);
@@ -555,6 +556,7 @@ fn encrypted_volume_keeps_names_and_values_sealed() {
                 passphrase: zeroize::Zeroizing::new(pass.clone()),
                 kdf: KdfParams::TESTING,
             }),
+            engine: crate::meta::NewEngine::Lmdb,
         },
     )
     .unwrap();

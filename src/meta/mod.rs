@@ -8,6 +8,7 @@
 
 mod lmdb;
 mod mem;
+pub mod postgres;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use std::sync::Arc;
 pub use lmdb::verify as lmdb_verify;
 pub use lmdb::{LmdbSnapshot, LmdbStore};
 pub use mem::MemStore;
+pub use postgres::PgStore;
 use thiserror::Error;
 
 /// The engines a volume's metadata can live in.
@@ -23,23 +25,72 @@ use thiserror::Error;
 pub enum EngineKind {
     /// LMDB in `<volume>/meta` (the embedded default).
     Lmdb,
+    /// A PostgreSQL database that `<volume>/meta/postgres.conf` names.
+    Postgres,
 }
+
+/// The file in a volume's `meta` directory naming its PostgreSQL database:
+/// one line, a libpq connection string without a password.
+pub const POSTGRES_CONF: &str = "postgres.conf";
 
 impl EngineKind {
     /// The engine whose files are in `dir` (a volume's `meta` directory),
     /// if any.
     pub fn detect(dir: &Path) -> Option<EngineKind> {
-        dir.join("data.mdb").exists().then_some(EngineKind::Lmdb)
+        if dir.join("data.mdb").exists() {
+            Some(EngineKind::Lmdb)
+        } else if dir.join(POSTGRES_CONF).exists() {
+            Some(EngineKind::Postgres)
+        } else {
+            None
+        }
+    }
+}
+
+/// What a new volume's metadata goes into.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NewEngine {
+    Lmdb,
+    /// The database a libpq connection string names.
+    Postgres(String),
+}
+
+/// The connection string a PostgreSQL volume's `meta` directory holds.
+pub fn postgres_conninfo(dir: &Path) -> Result<String, MetaError> {
+    let text = std::fs::read_to_string(dir.join(POSTGRES_CONF))?;
+    let line = text
+        .lines()
+        .find(|l| !l.trim().is_empty() && !l.starts_with('#'));
+    line.map(|l| l.trim().to_string()).ok_or_else(|| {
+        MetaError::Engine(format!(
+            "{} names no database",
+            dir.join(POSTGRES_CONF).display()
+        ))
+    })
+}
+
+/// Which engine holds the metadata in `dir` and where, for `safs info`.
+pub fn describe(dir: &Path) -> String {
+    match EngineKind::detect(dir) {
+        Some(EngineKind::Lmdb) => format!("LMDB in {}", dir.display()),
+        Some(EngineKind::Postgres) => match postgres_conninfo(dir)
+            .and_then(|c| postgres::conninfo::parse(&c).map_err(MetaError::Engine))
+        {
+            Ok(p) => format!("PostgreSQL, {}", p.shown),
+            Err(e) => format!("PostgreSQL ({e})"),
+        },
+        None => "none".into(),
     }
 }
 
 /// Opens the metadata engine in `dir`, whichever it is: the one place that
 /// chooses an engine. Opening checks the engine's own structure first
-/// (for LMDB, every page: [`lmdb_verify`]) and refuses a damaged one with
-/// [`MetaError::Damaged`].
+/// (for LMDB, every page: [`lmdb_verify`]; for PostgreSQL, the schema
+/// version) and refuses a damaged one.
 pub fn open(dir: &Path) -> Result<Arc<dyn MetaStore>, MetaError> {
     match EngineKind::detect(dir) {
         Some(EngineKind::Lmdb) => Ok(Arc::new(LmdbStore::open(dir)?)),
+        Some(EngineKind::Postgres) => Ok(Arc::new(PgStore::open(&postgres_conninfo(dir)?)?)),
         None => Err(MetaError::Missing(dir.to_path_buf())),
     }
 }
@@ -50,14 +101,28 @@ pub fn open(dir: &Path) -> Result<Arc<dyn MetaStore>, MetaError> {
 pub fn open_read_only(dir: &Path) -> Result<Box<dyn MetaRead>, MetaError> {
     match EngineKind::detect(dir) {
         Some(EngineKind::Lmdb) => Ok(Box::new(LmdbSnapshot::open(dir)?)),
+        Some(EngineKind::Postgres) => {
+            Ok(Box::new(PgStore::open_read_only(&postgres_conninfo(dir)?)?))
+        }
         None => Err(MetaError::Missing(dir.to_path_buf())),
     }
 }
 
-/// Creates a new, empty store of `kind` in `dir`.
-pub fn create(dir: &Path, kind: EngineKind) -> Result<Arc<dyn MetaStore>, MetaError> {
-    match kind {
-        EngineKind::Lmdb => Ok(Arc::new(LmdbStore::open(dir)?)),
+/// Creates a new, empty store in `dir` (a volume's `meta` directory). A
+/// PostgreSQL database that already holds a volume is refused unless
+/// `force`.
+pub fn create(
+    dir: &Path,
+    engine: &NewEngine,
+    force: bool,
+) -> Result<Arc<dyn MetaStore>, MetaError> {
+    match engine {
+        NewEngine::Lmdb => Ok(Arc::new(LmdbStore::open(dir)?)),
+        NewEngine::Postgres(conninfo) => {
+            let store = PgStore::create(conninfo, force)?;
+            std::fs::write(dir.join(POSTGRES_CONF), format!("{}\n", conninfo.trim()))?;
+            Ok(Arc::new(store))
+        }
     }
 }
 

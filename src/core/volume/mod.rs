@@ -54,8 +54,10 @@ pub enum VolumeError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// Not a `#[source]`: the text is in the message already, and error
+    /// chains (`safs: {e:#}`) would print it twice.
     #[error("volume metadata: {0}")]
-    Meta(#[from] MetaError),
+    Meta(MetaError),
     #[error("volume superblock is corrupt: {0}")]
     CorruptSuperblock(FormatError),
     #[error("volume has no superblock (not a safs volume, or formatting was interrupted)")]
@@ -81,6 +83,12 @@ pub enum VolumeError {
     /// Another process holds the volume's lock: says who and where.
     #[error("{0}")]
     Busy(String),
+}
+
+impl From<MetaError> for VolumeError {
+    fn from(e: MetaError) -> Self {
+        VolumeError::Meta(e)
+    }
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> VolumeError + '_ {
@@ -124,6 +132,8 @@ pub struct FormatOptions {
     pub gid: u32,
     /// Encrypt the volume (names, records, contents) under a passphrase.
     pub encryption: Option<Encryption>,
+    /// Where the metadata goes: LMDB in the volume, or a PostgreSQL database.
+    pub engine: meta::NewEngine,
 }
 
 /// Creates a volume in `dir`. On failure nothing is left behind that was
@@ -201,7 +211,7 @@ fn write_new_volume(layout: &Layout, opts: &FormatOptions) -> Result<Superblock,
     }
     let meta = layout.meta();
     b.create(&meta).map_err(io_err(&meta))?;
-    let mut store = meta::create(&meta, EngineKind::Lmdb)?;
+    let mut store = meta::create(&meta, &opts.engine, opts.force)?;
     let (sb, mut records) = initial_records(opts);
     if let Some(enc) = &opts.encryption {
         store = unlock::seal_new_volume(store, &sb, enc, &mut records)?;

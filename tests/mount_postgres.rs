@@ -1,0 +1,184 @@
+//! Volumes whose metadata lives in PostgreSQL, on a real, private cluster
+//! (Debian's server binaries; started in a temporary directory, stopped
+//! and removed in teardown, also on failure): the namespace, xattrs of
+//! every tier and contents through a real mount and across remounts, a
+//! killed daemon, a server restarted under a mounted volume, and clear
+//! errors for what cannot work.
+
+mod common;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use common::*;
+use safs::meta::postgres::cluster::TempCluster;
+
+/// A mounted volume on its own cluster; dropped volume first (unmounted),
+/// then the cluster.
+struct PgVolume {
+    v: TestVolume,
+    cluster: TempCluster,
+    _dir: tempfile::TempDir,
+}
+
+fn pg_volume() -> PgVolume {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = TempCluster::start(dir.path()).unwrap();
+    cluster.create_database("vol").unwrap();
+    let mut v = TestVolume::formatted(&["--meta", &cluster.conninfo("vol")]);
+    v.mount();
+    PgVolume {
+        v,
+        cluster,
+        _dir: dir,
+    }
+}
+
+/// The command failed and said `why`.
+#[track_caller]
+fn fails_with(out: &CmdOutput, why: &str) {
+    out.assert_failure_with_message(why);
+    assert!(
+        out.stderr.contains(why),
+        "expected '{why}' in: {}",
+        out.stderr
+    );
+}
+
+fn fsck_clean(vol: &Path) {
+    let out = safs(["fsck", vol.to_str().unwrap()]);
+    out.assert_success("safs fsck of a PostgreSQL volume");
+    assert!(out.stdout.contains("clean"), "{}", out.stdout);
+}
+
+#[test]
+fn a_volume_on_postgresql_serves_the_namespace_xattrs_and_contents_across_remounts() {
+    let mut p = pg_volume();
+    let v = &mut p.v;
+    std::fs::create_dir(v.path("d")).unwrap();
+    for i in 0..300 {
+        std::fs::write(v.path(format!("d/f{i}")), format!("file {i}")).unwrap();
+    }
+    let big = pattern(3, 1 << 20);
+    write_file(&v.path("big"), &big);
+    setxattr(&v.path("big"), "user.small", b"1", 0).unwrap();
+    setxattr(&v.path("big"), "user.spilled", &[2u8; 3000], 0).unwrap();
+    setxattr(&v.path("big"), "user.huge", &[4u8; 65536], 0).unwrap();
+    std::os::unix::fs::symlink("big", v.path("link")).unwrap();
+    std::fs::hard_link(v.path("big"), v.path("hard")).unwrap();
+    std::fs::rename(v.path("d/f0"), v.path("moved")).unwrap();
+    std::fs::remove_file(v.path("d/f1")).unwrap();
+    v.unmount();
+    v.mount();
+    assert_eq!(std::fs::read_dir(v.path("d")).unwrap().count(), 298);
+    assert_eq!(std::fs::read(v.path("d/f299")).unwrap(), b"file 299");
+    assert_eq!(std::fs::read(v.path("moved")).unwrap(), b"file 0");
+    assert_eq!(read_file(&v.path("big")), big);
+    assert_eq!(getxattr(&v.path("big"), "user.small").unwrap(), b"1");
+    assert_eq!(
+        getxattr(&v.path("big"), "user.spilled").unwrap(),
+        vec![2u8; 3000]
+    );
+    assert_eq!(
+        getxattr(&v.path("big"), "user.huge").unwrap(),
+        vec![4u8; 65536]
+    );
+    assert_eq!(
+        std::fs::read_link(v.path("link")).unwrap(),
+        Path::new("big")
+    );
+    assert_eq!(meta(&v.path("hard")).nlink(), 2);
+    assert_eq!(
+        errno_of(std::fs::metadata(v.path("d/f1")).unwrap_err()),
+        nix::errno::Errno::ENOENT
+    );
+    v.unmount();
+    fsck_clean(v.vol());
+    let info = safs(["info", v.vol().to_str().unwrap()]);
+    info.assert_success("safs info");
+    assert!(
+        info.stdout.contains("metadata:       PostgreSQL, host=")
+            && info.stdout.contains("dbname=vol user=postgres"),
+        "{}",
+        info.stdout
+    );
+}
+
+#[test]
+fn a_killed_daemon_and_a_restarted_server_lose_nothing_synced() {
+    let mut p = pg_volume();
+    write_file(&p.v.path("before"), b"synced");
+    std::fs::File::open(p.v.path("before"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
+    let pid = daemon_pid(p.v.vol());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+    p.v.unmount_after_crash();
+    p.v.mount();
+    assert_eq!(std::fs::read(p.v.path("before")).unwrap(), b"synced");
+
+    // The server stops as in a crash and comes back: the daemon
+    // reconnects by itself; what was synced is there, new changes work.
+    p.cluster.restart().unwrap();
+    write_file(&p.v.path("after"), b"restart");
+    setxattr(&p.v.path("after"), "user.k", b"v", 0).unwrap();
+    std::fs::File::open(p.v.path("after"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
+    p.v.unmount();
+    p.v.mount();
+    assert_eq!(std::fs::read(p.v.path("after")).unwrap(), b"restart");
+    assert_eq!(getxattr(&p.v.path("after"), "user.k").unwrap(), b"v");
+    assert_eq!(std::fs::read(p.v.path("before")).unwrap(), b"synced");
+    p.v.unmount();
+    fsck_clean(p.v.vol());
+}
+
+#[test]
+fn what_cannot_work_is_a_clear_error_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = TempCluster::start(dir.path()).unwrap();
+    let vols = tempfile::tempdir().unwrap();
+    let vol = vols.path().join("v");
+    let vol_s = vol.to_str().unwrap();
+
+    // A password in the string would be stored in the volume.
+    let out = safs([
+        "format",
+        vol_s,
+        "--meta",
+        "postgresql://postgres:secret@localhost/postgres",
+    ]);
+    fails_with(&out, "holds a password");
+    assert!(!vol.exists(), "nothing left behind");
+    // No server there.
+    let out = safs([
+        "format",
+        vol_s,
+        "--meta",
+        &format!("host={} user=postgres dbname=x", vols.path().display()),
+    ]);
+    fails_with(&out, "cannot connect to PostgreSQL");
+    assert!(!vol.exists(), "nothing left behind");
+    // A database that already holds a volume.
+    safs(["format", vol_s, "--meta", &cluster.conninfo("postgres")]).assert_success("format");
+    let other = vols.path().join("other");
+    let out = safs([
+        "format",
+        other.to_str().unwrap(),
+        "--meta",
+        &cluster.conninfo("postgres"),
+    ]);
+    fails_with(&out, "already holds a safs volume");
+    assert!(!other.exists(), "nothing left behind");
+    // The volume's tables dropped behind its back: mount says so.
+    let mut c = postgres::Client::connect(&cluster.conninfo("postgres"), postgres::NoTls).unwrap();
+    c.batch_execute("DROP TABLE safs_kv, safs_volume").unwrap();
+    let mnt = vols.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let out = safs(["mount", vol_s, mnt.to_str().unwrap()]);
+    fails_with(&out, "holds no safs volume");
+    assert!(!is_fuse_mounted(&mnt));
+}
