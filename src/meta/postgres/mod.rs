@@ -15,9 +15,12 @@
 //! server's default. The core's group commit amortises the commit latency
 //! as it does LMDB's fsync.
 //!
-//! Faults: a connection that fails is dropped and the call is tried once
-//! more on a new one (a restarted server). Retrying a commit whose outcome
-//! was lost is safe: a batch writes whole values and deletes, so applying it
+//! Faults: a connection that fails is dropped and the call tried again on a
+//! new one; while the server cannot be reached (restarting, "starting up")
+//! the call waits, retrying with backoff, up to [`OUTAGE_WAIT`], then fails
+//! (the core answers EIO and retries its batch). So a restarted server
+//! costs a pause, not refused changes. Retrying a commit whose outcome was
+//! lost is safe: a batch writes whole values and deletes, so applying it
 //! twice is applying it once.
 //!
 //! The connection string is libpq's (a URL or key=value pairs); the
@@ -40,8 +43,10 @@ use super::{EngineCounters, MetaError, MetaRead, MetaStore, WriteRef};
 /// The schema this build writes and reads.
 pub const SCHEMA_VERSION: i32 = 1;
 
-/// How long connecting may take before the call fails.
+/// How long one connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a call waits for an unreachable server to come back.
+pub const OUTAGE_WAIT: Duration = Duration::from_secs(30);
 
 const SCHEMA: &str = "
 CREATE TABLE safs_volume (version integer NOT NULL, created timestamptz NOT NULL DEFAULT now());
@@ -78,6 +83,17 @@ fn with_causes(e: &postgres::Error) -> String {
         cause = c.source();
     }
     s
+}
+
+/// The server is stopping or restarting under this connection.
+fn server_going(e: &postgres::Error) -> bool {
+    [
+        SqlState::ADMIN_SHUTDOWN,
+        SqlState::CRASH_SHUTDOWN,
+        SqlState::CANNOT_CONNECT_NOW,
+    ]
+    .iter()
+    .any(|c| e.code() == Some(c))
 }
 
 fn engine_err(e: postgres::Error) -> MetaError {
@@ -205,32 +221,52 @@ impl PgStore {
         })
     }
 
-    /// Runs `f` on a pooled connection; a connection that failed is
-    /// dropped and `f` tried once more on a new one.
+    /// Runs `f` on a pooled connection. A connection that failed is
+    /// dropped (with every other pooled one: a restarted server closed them
+    /// all) and `f` tried again on a new one; an unreachable server is
+    /// waited for, up to [`OUTAGE_WAIT`].
     fn with_conn<T>(
         &self,
         mut f: impl FnMut(&mut Conn) -> Result<T, postgres::Error>,
     ) -> Result<T, MetaError> {
-        let mut retried = false;
+        let deadline = std::time::Instant::now() + OUTAGE_WAIT;
+        let mut pause = Duration::from_millis(20);
+        let mut wait = |what: &dyn std::fmt::Display| -> Result<(), ()> {
+            if std::time::Instant::now() + pause > deadline {
+                return Err(());
+            }
+            tracing::warn!("PostgreSQL unavailable ({what}); retrying in {pause:?}");
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_secs(1));
+            Ok(())
+        };
         loop {
             let pooled = self.idle.lock().pop();
             let mut conn = match pooled {
                 Some(c) => c,
-                None => self.new_conn()?,
+                None => match self.new_conn() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        if wait(&e).is_err() {
+                            return Err(e);
+                        }
+                        continue;
+                    }
+                },
             };
             match f(&mut conn) {
                 Ok(v) => {
                     self.idle.lock().push(conn);
                     return Ok(v);
                 }
-                Err(e) if conn.client.is_closed() && !retried => {
-                    tracing::warn!("PostgreSQL connection lost ({e}); reconnecting");
-                    retried = true;
+                Err(e) if conn.client.is_closed() || server_going(&e) => {
+                    self.idle.lock().clear();
+                    if wait(&with_causes(&e)).is_err() {
+                        return Err(engine_err(e));
+                    }
                 }
                 Err(e) => {
-                    if !conn.client.is_closed() {
-                        self.idle.lock().push(conn);
-                    }
+                    self.idle.lock().push(conn);
                     return Err(engine_err(e));
                 }
             }
