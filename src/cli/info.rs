@@ -166,6 +166,21 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         "metadata:       {}",
         safs::meta::describe(&Layout::new(&vol).meta())
     );
+    for s in store
+        .sessions()
+        .context("cannot list the volume's sessions")?
+    {
+        println!(
+            "session:        {}, since {}{}",
+            s.session,
+            s.since,
+            if s.live {
+                ""
+            } else {
+                " (gone: its daemon stopped or died)"
+            }
+        );
+    }
     println!("inline xattrs:  {} bytes per inode", sb.inline_bytes);
     if sb.is_encrypted() {
         // The key record is readable without the passphrase; the counters

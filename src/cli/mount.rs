@@ -42,6 +42,8 @@ pub struct MountArgs {
     /// passthrough, nopassthrough, nonempty, dev, suid, noexec,
     /// nosymfollow, relatime (default), noatime, strictatime, nodiratime,
     /// commit_ms=N, threads=N, cache_mb=N (inode cache budget, default 256),
+    /// meta_timeout=SECONDS (how long a metadata call waits for a
+    /// PostgreSQL server it cannot reach before it fails, default 30),
     /// transport=auto|uring|dev (FUSE over io_uring when the kernel offers
     /// it, the default, or required, or /dev/fuse reads and writes),
     /// dircache=0|1 (the directory cache, half of cache_mb at most; on by
@@ -74,6 +76,8 @@ struct MountOpts {
     symfollow: bool,
     atime: Atime,
     commit_ms: u64,
+    /// Seconds a metadata call waits for an unreachable database.
+    meta_timeout: u64,
     threads: usize,
     cache_mb: u64,
     /// `None`: the core's default (on for encrypted volumes).
@@ -122,6 +126,7 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
         symfollow: true,
         atime: Atime::default(),
         commit_ms: 5,
+        meta_timeout: safs::meta::postgres::OUTAGE_WAIT.as_secs(),
         threads: 4,
         cache_mb: 256,
         dircache: None,
@@ -173,6 +178,12 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
                 o.commit_ms = num(val)?;
                 if !(1..=10_000).contains(&o.commit_ms) {
                     bail!("commit_ms must be 1..=10000");
+                }
+            }
+            "meta_timeout" => {
+                o.meta_timeout = num(val)?;
+                if !(1..=3600).contains(&o.meta_timeout) {
+                    bail!("meta_timeout must be 1..=3600 (seconds)");
                 }
             }
             "cache_mb" => {
@@ -490,6 +501,18 @@ fn serve(
     }
     let mut lock = VolumeLock::acquire(&layout)?;
     let (engine, sb) = volume::open_store(volume)?;
+    engine.set_outage_wait(std::time::Duration::from_secs(o.meta_timeout));
+    // A database shared between machines: no other daemon anywhere may
+    // serve the volume (the directory lock only covers this machine).
+    engine
+        .claim(&safs::meta::Session {
+            host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_else(|_| "?".into()),
+            pid: std::process::id(),
+            mountpoint: mountpoint.display().to_string(),
+        })
+        .map_err(|e| anyhow::anyhow!("cannot mount {}: {e}", volume.display()))?;
     let master = match master {
         None if daemon_child && sb.is_encrypted() => Some(key_from_parent()?),
         m => m,

@@ -160,6 +160,9 @@ pub enum MetaError {
     /// or truncated. Never served.
     #[error("record {0} failed authentication (changed or moved)")]
     Sealed(String),
+    /// Another daemon (anywhere) serves the volume.
+    #[error("the volume is in use by {0}")]
+    Claimed(String),
     /// No engine's files in the directory.
     #[error("{} holds no metadata store", .0.display())]
     Missing(std::path::PathBuf),
@@ -236,6 +239,54 @@ pub trait MetaStore: MetaRead + Send + Sync + 'static {
     /// Bytes allocated to the store beyond what it uses now.
     fn held(&self) -> u64 {
         u64::MAX
+    }
+
+    /// How long a call may wait for an engine it cannot reach (a server
+    /// restarting) before it fails. Embedded engines are always there.
+    fn set_outage_wait(&self, wait: std::time::Duration) {
+        let _ = wait;
+    }
+
+    /// Claims the volume for this process (`who`) where the engine is
+    /// shared between machines, so that no other daemon anywhere serves it
+    /// meanwhile: [`MetaError::Claimed`] if one does. The claim lasts as
+    /// long as the process; a daemon that died loses it by itself. Embedded
+    /// engines are claimed by the volume directory's lock alone.
+    fn claim(&self, who: &Session) -> Result<(), MetaError> {
+        let _ = who;
+        Ok(())
+    }
+
+    /// The sessions the engine has seen serve the volume (shared engines).
+    fn sessions(&self) -> Result<Vec<SessionRow>, MetaError> {
+        Ok(Vec::new())
+    }
+}
+
+/// A daemon serving a volume, as a shared engine records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Session {
+    pub host: String,
+    pub pid: u32,
+    pub mountpoint: String,
+}
+
+/// A recorded session and whether its daemon still holds the volume.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionRow {
+    pub session: Session,
+    /// When it claimed the volume, as the server tells it.
+    pub since: String,
+    pub live: bool,
+}
+
+impl std::fmt::Display for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "pid {} on host {}, mounted on {}",
+            self.pid, self.host, self.mountpoint
+        )
     }
 }
 

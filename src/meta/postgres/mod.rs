@@ -23,6 +23,14 @@
 //! lost is safe: a batch writes whole values and deletes, so applying it
 //! twice is applying it once.
 //!
+//! One daemon at a time serves a volume, wherever it runs ([`PgStore::claim`]):
+//! its claim is a session-level advisory lock, held on a connection of its
+//! own for the daemon's life — a daemon that dies, or whose machine does,
+//! loses it with its connection, so the next mount needs no cleanup — and
+//! a claim number, bumped by every claim, that every commit checks in the
+//! same statement: a daemon that lost its claim (its connection was cut and
+//! another took the volume over) cannot commit anything more.
+//!
 //! The connection string is libpq's (a URL or key=value pairs); the
 //! password comes from `~/.pgpass` or `PGPASSFILE` ([`conninfo`]) and is
 //! never stored in the volume.
@@ -31,26 +39,35 @@ pub mod cluster;
 pub mod conninfo;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use postgres::error::SqlState;
 use postgres::{Client, NoTls, Statement};
 
-use super::{EngineCounters, MetaError, MetaRead, MetaStore, WriteRef};
+use super::{EngineCounters, MetaError, MetaRead, MetaStore, Session, SessionRow, WriteRef};
 
 /// The schema this build writes and reads.
 pub const SCHEMA_VERSION: i32 = 1;
 
 /// How long one connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a call waits for an unreachable server to come back.
+/// How long a call waits for an unreachable server to come back, unless
+/// the mount says otherwise (`-o meta_timeout=`).
 pub const OUTAGE_WAIT: Duration = Duration::from_secs(30);
+/// The advisory lock a claim holds (one volume per database).
+const CLAIM_LOCK: i64 = 0x5AF5_0001;
+/// How often the claim's connection is checked.
+const CLAIM_CHECK: Duration = Duration::from_secs(1);
 
 const SCHEMA: &str = "
-CREATE TABLE safs_volume (version integer NOT NULL, created timestamptz NOT NULL DEFAULT now());
+CREATE TABLE safs_volume (version integer NOT NULL, created timestamptz NOT NULL DEFAULT now(),
+                          claim bigint NOT NULL DEFAULT 0);
 CREATE TABLE safs_kv (k bytea PRIMARY KEY, v bytea NOT NULL);
+CREATE TABLE safs_sessions (host text NOT NULL, pid integer NOT NULL, mountpoint text NOT NULL,
+                            since timestamptz NOT NULL DEFAULT now());
 ";
 
 /// One pooled connection and its prepared statements.
@@ -59,6 +76,16 @@ struct Conn {
     get: Statement,
     scan: Statement,
     commit: Statement,
+    /// The commit of a claimed store: applies the batch only while the
+    /// volume's claim number is ours, and says whether it was.
+    fenced_commit: Statement,
+}
+
+/// A claim on the volume: the connection holding its advisory lock, kept
+/// alive (and re-taken after an outage) by a thread until the store drops.
+struct Claim {
+    stop: AtomicBool,
+    keeper: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 pub struct PgStore {
@@ -67,6 +94,10 @@ pub struct PgStore {
     shown: String,
     read_only: bool,
     idle: Mutex<Vec<Conn>>,
+    outage_ms: AtomicU64,
+    /// The claim number this store holds (0: none, commits unfenced).
+    token: Arc<AtomicI64>,
+    claim: Mutex<Option<Arc<Claim>>>,
     gets: AtomicU64,
     scans: AtomicU64,
     commits: AtomicU64,
@@ -142,7 +173,7 @@ impl PgStore {
             }
             let mut t = c.transaction().map_err(engine_err)?;
             if exists {
-                t.batch_execute("DROP TABLE IF EXISTS safs_kv, safs_volume")
+                t.batch_execute("DROP TABLE IF EXISTS safs_kv, safs_volume, safs_sessions")
                     .map_err(engine_err)?;
             }
             t.batch_execute(SCHEMA).map_err(engine_err)?;
@@ -166,6 +197,9 @@ impl PgStore {
             shown: parsed.shown,
             read_only,
             idle: Mutex::new(Vec::new()),
+            outage_ms: AtomicU64::new(OUTAGE_WAIT.as_millis() as u64),
+            token: Arc::new(AtomicI64::new(0)),
+            claim: Mutex::new(None),
             gets: AtomicU64::new(0),
             scans: AtomicU64::new(0),
             commits: AtomicU64::new(0),
@@ -213,11 +247,24 @@ impl PgStore {
                  ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v",
             )
             .map_err(engine_err)?;
+        let fenced_commit = client
+            .prepare(
+                "WITH ours AS (SELECT 1 FROM safs_volume WHERE claim = $4 FOR SHARE), \
+                 gone AS (DELETE FROM safs_kv WHERE k = ANY($1::bytea[]) \
+                          AND EXISTS (SELECT 1 FROM ours)), \
+                 put AS (INSERT INTO safs_kv (k, v) \
+                         SELECT * FROM unnest($2::bytea[], $3::bytea[]) \
+                         WHERE EXISTS (SELECT 1 FROM ours) \
+                         ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v) \
+                 SELECT count(*) FROM ours",
+            )
+            .map_err(engine_err)?;
         Ok(Conn {
             client,
             get,
             scan,
             commit,
+            fenced_commit,
         })
     }
 
@@ -229,10 +276,10 @@ impl PgStore {
         &self,
         mut f: impl FnMut(&mut Conn) -> Result<T, postgres::Error>,
     ) -> Result<T, MetaError> {
-        let deadline = std::time::Instant::now() + OUTAGE_WAIT;
+        let deadline = Instant::now() + Duration::from_millis(self.outage_ms.load(Relaxed));
         let mut pause = Duration::from_millis(20);
         let mut wait = |what: &dyn std::fmt::Display| -> Result<(), ()> {
-            if std::time::Instant::now() + pause > deadline {
+            if Instant::now() + pause > deadline {
                 return Err(());
             }
             tracing::warn!("PostgreSQL unavailable ({what}); retrying in {pause:?}");
@@ -356,9 +403,110 @@ impl MetaStore for PgStore {
             }
         }
         self.commits.fetch_add(1, Relaxed);
+        let token = self.token.load(Relaxed);
+        if token == 0 {
+            return self.with_conn(|c| {
+                c.client.execute(&c.commit, &[&gone, &keys, &values])?;
+                Ok(())
+            });
+        }
+        let ours: i64 = self.with_conn(|c| {
+            let row = c
+                .client
+                .query_one(&c.fenced_commit, &[&gone, &keys, &values, &token])?;
+            Ok(row.get(0))
+        })?;
+        if ours == 0 {
+            return Err(MetaError::Claimed(
+                "another mount, which took the volume over while this daemon's claim was lost \
+                 (nothing more is committed here)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn set_outage_wait(&self, wait: Duration) {
+        self.outage_ms.store(wait.as_millis() as u64, Relaxed);
+    }
+
+    fn claim(&self, who: &Session) -> Result<(), MetaError> {
+        let mut client = self.raw_client()?;
+        let got: bool = client
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&CLAIM_LOCK])
+            .map_err(engine_err)?
+            .get(0);
+        if !got {
+            let holder = self
+                .sessions()?
+                .into_iter()
+                .find(|s| s.live)
+                .map(|s| format!("{} (since {})", s.session, s.since))
+                .unwrap_or_else(|| "another daemon".into());
+            return Err(MetaError::Claimed(holder));
+        }
+        let mut t = client.transaction().map_err(engine_err)?;
+        let token: i64 = t
+            .query_one(
+                "UPDATE safs_volume SET claim = claim + 1 RETURNING claim",
+                &[],
+            )
+            .map_err(engine_err)?
+            .get(0);
+        // Rows of daemons that died: only the holder of the lock writes here.
+        t.execute("DELETE FROM safs_sessions", &[])
+            .map_err(engine_err)?;
+        t.execute(
+            "INSERT INTO safs_sessions (host, pid, mountpoint) VALUES ($1, $2, $3)",
+            &[&who.host, &(who.pid as i32), &who.mountpoint],
+        )
+        .map_err(engine_err)?;
+        t.commit().map_err(engine_err)?;
+        self.token.store(token, Relaxed);
+        let claim = Arc::new(Claim {
+            stop: AtomicBool::new(false),
+            keeper: parking_lot::Mutex::new(None),
+        });
+        let keeper = {
+            let (claim, config, token) = (claim.clone(), self.config.clone(), self.token.clone());
+            std::thread::Builder::new()
+                .name("safs-pg-claim".into())
+                .spawn(move || keep_claim(client, &config, &claim, &token))
+                .map_err(MetaError::Io)?
+        };
+        *claim.keeper.lock() = Some(keeper);
+        *self.claim.lock() = Some(claim);
+        Ok(())
+    }
+
+    fn sessions(&self) -> Result<Vec<SessionRow>, MetaError> {
         self.with_conn(|c| {
-            c.client.execute(&c.commit, &[&gone, &keys, &values])?;
-            Ok(())
+            let live: bool = c
+                .client
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+                     AND granted AND database = (SELECT oid FROM pg_database \
+                     WHERE datname = current_database()) \
+                     AND ((classid::bigint << 32) | objid::bigint) = $1)",
+                    &[&CLAIM_LOCK],
+                )?
+                .get(0);
+            let rows = c.client.query(
+                "SELECT host, pid, mountpoint, since::text FROM safs_sessions ORDER BY since",
+                &[],
+            )?;
+            Ok(rows
+                .into_iter()
+                .map(|r| SessionRow {
+                    session: Session {
+                        host: r.get(0),
+                        pid: r.get::<_, i32>(1) as u32,
+                        mountpoint: r.get(2),
+                    },
+                    since: r.get(3),
+                    live,
+                })
+                .collect())
         })
     }
 
@@ -371,6 +519,62 @@ impl MetaStore for PgStore {
         })
         .map(|n| n.max(0) as u64)
         .unwrap_or(0)
+    }
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        if let Some(claim) = self.claim.lock().take() {
+            claim.stop.store(true, Relaxed);
+            if let Some(t) = claim.keeper.lock().take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// Keeps a claim: checks its connection every [`CLAIM_CHECK`]; after an
+/// outage takes the lock again on a new one, and if another daemon claimed
+/// the volume meanwhile (the claim number moved), this store is fenced:
+/// its commits fail from then on (the number no longer matches).
+fn keep_claim(mut client: Client, config: &postgres::Config, claim: &Claim, token: &AtomicI64) {
+    let mut lost_since: Option<Instant> = None;
+    while !claim.stop.load(Relaxed) {
+        std::thread::sleep(CLAIM_CHECK);
+        if client.simple_query("SELECT 1").is_ok() {
+            continue;
+        }
+        lost_since.get_or_insert_with(Instant::now);
+        let retake = || -> Result<Client, String> {
+            let mut c = config.connect(NoTls).map_err(|e| e.to_string())?;
+            let got: bool = c
+                .query_one("SELECT pg_try_advisory_lock($1)", &[&CLAIM_LOCK])
+                .map_err(|e| e.to_string())?
+                .get(0);
+            if !got {
+                return Err("another daemon holds the volume's claim".into());
+            }
+            let now: i64 = c
+                .query_one("SELECT claim FROM safs_volume", &[])
+                .map_err(|e| e.to_string())?
+                .get(0);
+            if now != token.load(Relaxed) {
+                return Err("another daemon claimed the volume meanwhile".into());
+            }
+            Ok(c)
+        };
+        match retake() {
+            Ok(c) => {
+                tracing::info!(
+                    after = ?lost_since.take().map(|t| t.elapsed()),
+                    "PostgreSQL claim connection restored"
+                );
+                client = c;
+            }
+            Err(e) => {
+                tracing::warn!("PostgreSQL claim connection lost; retaking it: {e}");
+            }
+        }
     }
 }
 
@@ -440,6 +644,70 @@ mod tests {
         let ro = PgStore::open_read_only(&info).unwrap();
         assert!(ro.get(b"after").unwrap().is_some());
         assert!(ro.commit(&[(b"x".to_vec(), None)]).is_err());
+    }
+
+    fn who(pid: u32) -> Session {
+        Session {
+            host: "h".into(),
+            pid,
+            mountpoint: format!("/m{pid}"),
+        }
+    }
+
+    #[test]
+    fn one_claim_at_a_time_and_a_claim_lost_to_another_daemon_fences_its_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = TempCluster::start(dir.path()).unwrap();
+        let info = cluster.conninfo("postgres");
+        drop(PgStore::create(&info, false).unwrap());
+        let a = PgStore::open(&info).unwrap();
+        a.claim(&who(1)).unwrap();
+        a.commit(&[(b"a".to_vec(), Some(b"1".to_vec()))]).unwrap();
+        let b = PgStore::open(&info).unwrap();
+        let e = b.claim(&who(2)).err().unwrap();
+        assert!(
+            e.to_string().contains("pid 1 on host h, mounted on /m1"),
+            "{e}"
+        );
+        let rows = b.sessions().unwrap();
+        assert_eq!(rows.len(), 1);
+        assert!(rows[0].live && rows[0].session == who(1));
+
+        // A's connections are cut (a network partition, an admin); B claims
+        // at once. Whoever wins, never both: the loser's claim or commits fail.
+        let mut admin = postgres::Client::connect(&info, NoTls).unwrap();
+        admin
+            .execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE application_name = 'safs'",
+                &[],
+            )
+            .unwrap();
+        match b.claim(&who(2)) {
+            Ok(()) => {
+                let e = a
+                    .commit(&[(b"a".to_vec(), Some(b"stale".to_vec()))])
+                    .err()
+                    .unwrap();
+                assert!(matches!(e, MetaError::Claimed(_)), "{e}");
+                b.commit(&[(b"b".to_vec(), Some(b"2".to_vec()))]).unwrap();
+                assert_eq!(b.get(b"a").unwrap().as_deref(), Some(&b"1"[..]));
+            }
+            Err(MetaError::Claimed(_)) => {
+                a.commit(&[(b"a".to_vec(), Some(b"3".to_vec()))]).unwrap();
+                assert_eq!(b.get(b"a").unwrap().as_deref(), Some(&b"3"[..]));
+            }
+            Err(e) => panic!("{e}"),
+        }
+
+        // A dropped (its daemon gone): its claim goes with its connection.
+        drop(a);
+        drop(b);
+        let c = PgStore::open(&info).unwrap();
+        c.claim(&who(3)).unwrap();
+        let rows = c.sessions().unwrap();
+        assert_eq!(rows.len(), 1, "the dead daemons' rows are gone");
+        assert_eq!(rows[0].session, who(3));
     }
 
     #[test]
