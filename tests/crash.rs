@@ -10,8 +10,11 @@
 //! - every file's contents equal its contents after some operation at or
 //!   after `k` (data reaches backing files before the batch recording it).
 //!
-//! Loops rotate between kernel passthrough, daemon-side I/O and an
-//! encrypted volume.
+//! Loops rotate between kernel passthrough, daemon-side I/O, an encrypted
+//! volume and a volume whose metadata is in PostgreSQL (a private cluster
+//! per loop). A second test stops the PostgreSQL server as in a crash
+//! (`pg_ctl stop -m immediate`) under a running workload: the daemon waits
+//! for it and goes on, and nothing it acknowledged is lost.
 //! `SAFS_CRASH_LOOPS=N` sets the number of loops (default 6 here; the
 //! README's long run uses 200). `SAFS_CRASH_SEED` replays one seed's
 //! workload. `SAFS_CRASH_VERBOSE=1` prints
@@ -27,13 +30,28 @@ use std::time::{Duration, Instant};
 
 use model::*;
 
-/// One loop on `base`: `data_path` is a mount option; `encrypted` makes
-/// the volume encrypted (contents then always go through the daemon).
-fn one_loop(seed: u64, base: &Path, data_path: &str, encrypted: bool) {
+/// What a loop's volume is.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Volume {
+    Plain,
+    /// Contents then always go through the daemon.
+    Encrypted,
+    /// Metadata in a private PostgreSQL cluster.
+    Postgres,
+}
+
+/// One loop on `base`: `data_path` is a mount option.
+fn one_loop(seed: u64, base: &Path, data_path: &str, kind: Volume) {
     let vol = base.join("vol");
     let mnt = base.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
-    let enc = encrypted.then(|| Encrypted::new(base));
+    let enc = (kind == Volume::Encrypted).then(|| Encrypted::new(base));
+    // Dropped last: stopped and removed after the volume is unmounted.
+    let cluster = (kind == Volume::Postgres).then(|| {
+        let dir = base.join("cluster");
+        std::fs::create_dir(&dir).unwrap();
+        safs::meta::postgres::cluster::TempCluster::start(&dir).unwrap()
+    });
     let mut format = vec![
         "format".to_string(),
         vol.to_str().unwrap().into(),
@@ -41,6 +59,9 @@ fn one_loop(seed: u64, base: &Path, data_path: &str, encrypted: bool) {
         "128".into(),
     ];
     format.extend(enc.iter().flat_map(Encrypted::format_args));
+    if let Some(c) = &cluster {
+        format.extend(["--meta".into(), c.conninfo("postgres")]);
+    }
     run_ok(safs().args(&format));
     let data_path = match &enc {
         Some(e) => format!("{data_path},{}", e.mount_option()),
@@ -234,6 +255,103 @@ fn one_loop(seed: u64, base: &Path, data_path: &str, encrypted: bool) {
         "seed {seed}: fsck after recovery: {}",
         String::from_utf8_lossy(&out.stdout)
     );
+    drop(cluster);
+}
+
+#[test]
+fn a_postgresql_server_crash_under_a_workload_loses_nothing_acknowledged() {
+    let tmp = tempfile::Builder::new()
+        .prefix("safs-crash-pg")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let base = tmp.path();
+    let (vol, mnt, dir) = (base.join("vol"), base.join("mnt"), base.join("cluster"));
+    std::fs::create_dir_all(&mnt).unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    let cluster = safs::meta::postgres::cluster::TempCluster::start(&dir).unwrap();
+    run_ok(safs().args([
+        "format",
+        vol.to_str().unwrap(),
+        "--meta",
+        &cluster.conninfo("postgres"),
+    ]));
+    let guard = Mounted {
+        mnt: mnt.clone(),
+        vol: vol.clone(),
+    };
+    run_ok(safs().args(["mount", vol.to_str().unwrap(), mnt.to_str().unwrap()]));
+    for d in ["a", "b", "c"] {
+        std::fs::create_dir(mnt.join(d)).unwrap();
+    }
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    eprintln!("seed {seed}");
+    let mut rng = Rng(seed | 1);
+    let names = names();
+    let mut model = Model::new();
+    let (mut done, mut crashes) = (0, 0);
+    // Two server crashes at random moments; operations in flight wait for
+    // the server and complete: none fails, none is lost.
+    let crash_at = [50 + rng.below(150), 250 + rng.below(150)];
+    for i in 0..450 {
+        if crash_at.contains(&i) {
+            cluster.restart().unwrap();
+            crashes += 1;
+        }
+        let mut next = model.clone();
+        match step(&mut rng, &mnt, &mut next, &names) {
+            (Outcome::Done, _) => {
+                model = next;
+                done += 1;
+            }
+            (Outcome::Refused, _) => {}
+            (Outcome::Dead, _) => panic!("seed {seed}: the daemon died at step {i}"),
+        }
+    }
+    assert_eq!(crashes, 2);
+    assert!(done > 100, "seed {seed}: only {done} operations completed");
+    let log = std::fs::read_to_string(vol.join("safs.log")).unwrap();
+    assert!(
+        log.contains("PostgreSQL unavailable"),
+        "seed {seed}: the daemon never met the crashed server: {log}"
+    );
+    assert!(
+        !log.contains("metadata commit failed"),
+        "seed {seed}: a commit failed instead of waiting: {log}"
+    );
+    unmount(&mnt);
+    wait_unlocked(&vol);
+    drop(guard);
+    run_ok(safs().args(["mount", vol.to_str().unwrap(), mnt.to_str().unwrap()]));
+    let guard = Mounted {
+        mnt: mnt.clone(),
+        vol: vol.clone(),
+    };
+    let got = read_tree(&mnt);
+    assert_eq!(got.meta(), model.meta(), "seed {seed}: metadata");
+    for (path, id) in &got.names {
+        let inode = &got.inodes[id];
+        let want = &model.inodes[&model.names[path]];
+        assert!(
+            inode.data == want.data,
+            "seed {seed}: contents of {path} differ"
+        );
+    }
+    unmount(&mnt);
+    wait_unlocked(&vol);
+    drop(guard);
+    let out = safs()
+        .args(["fsck", vol.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "seed {seed}: fsck: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 /// Whether `got` is the last completed state of inode `id` with a prefix
@@ -308,16 +426,17 @@ fn kill_9_at_random_moments_loses_nothing_acknowledged() {
         // Both data paths (kernel passthrough, daemon-side I/O) and an
         // encrypted volume (sealed blocks through the daemon, the
         // directory cache on).
-        let (data_path, encrypted) = match i % 3 {
-            0 => ("passthrough", false),
-            1 => ("nopassthrough", false),
-            _ => ("dircache=1", true),
+        let (data_path, kind) = match i % 4 {
+            0 => ("passthrough", Volume::Plain),
+            1 => ("nopassthrough", Volume::Plain),
+            2 => ("dircache=1", Volume::Encrypted),
+            _ => ("passthrough", Volume::Postgres),
         };
         eprintln!(
-            "crash loop {}/{} seed {seed} ({data_path}, encrypted: {encrypted})",
+            "crash loop {}/{} seed {seed} ({data_path}, {kind:?})",
             i + 1,
             seeds.len()
         );
-        one_loop(*seed, tmp.path(), data_path, encrypted);
+        one_loop(*seed, tmp.path(), data_path, kind);
     }
 }

@@ -76,9 +76,24 @@ fn full_check(mnt: &Path, want: &Model, step: usize) {
     }
 }
 
+/// What the checker runs on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Volume {
+    Plain,
+    Encrypted,
+    /// Metadata in a private PostgreSQL cluster.
+    Postgres,
+}
+
 #[test]
 fn random_operations_match_the_model_across_remounts() {
-    fsx(false);
+    fsx(Volume::Plain);
+}
+
+/// The same with the metadata in PostgreSQL (a private cluster).
+#[test]
+fn random_operations_match_the_model_on_a_postgresql_volume() {
+    fsx(Volume::Postgres);
 }
 
 /// The same on an encrypted volume (sealed records, encrypted names, sealed
@@ -86,10 +101,11 @@ fn random_operations_match_the_model_across_remounts() {
 /// and off across remounts.
 #[test]
 fn random_operations_match_the_model_on_an_encrypted_volume() {
-    fsx(true);
+    fsx(Volume::Encrypted);
 }
 
-fn fsx(encrypted: bool) {
+fn fsx(kind: Volume) {
+    let encrypted = kind == Volume::Encrypted;
     assert!(
         Path::new("/dev/fuse").exists(),
         "/dev/fuse is missing: this test mounts a real FUSE filesystem"
@@ -107,7 +123,7 @@ fn fsx(encrypted: bool) {
                 .unwrap()
                 .as_nanos() as u64
         });
-    eprintln!("fsx: {ops} steps, seed {seed}, encrypted: {encrypted}");
+    eprintln!("fsx: {ops} steps, seed {seed}, {kind:?}");
     let tmp = tempfile::Builder::new()
         .prefix("safs-fsx")
         .tempdir_in("/tmp")
@@ -119,6 +135,15 @@ fn fsx(encrypted: bool) {
     let mut format = vec!["format".to_string(), s(&vol)];
     format.extend(["--inline-xattr-bytes".into(), "128".into()]);
     format.extend(enc.iter().flat_map(Encrypted::format_args));
+    // Declared before the mount guard: stopped after the volume unmounts.
+    let cluster = (kind == Volume::Postgres).then(|| {
+        let dir = tmp.path().join("cluster");
+        std::fs::create_dir(&dir).unwrap();
+        safs::meta::postgres::cluster::TempCluster::start(&dir).unwrap()
+    });
+    if let Some(c) = &cluster {
+        format.extend(["--meta".into(), c.conninfo("postgres")]);
+    }
     run_ok(safs().args(&format));
     let _guard = Mounted {
         mnt: mnt.clone(),
@@ -194,6 +219,6 @@ fn fsx(encrypted: bool) {
         String::from_utf8_lossy(&out.stdout)
     );
     eprintln!(
-        "fsx: {ops} steps ({done} applied, {refused} refused as the model predicted), {remounts} remounts, all matched (encrypted: {encrypted})"
+        "fsx: {ops} steps ({done} applied, {refused} refused as the model predicted), {remounts} remounts, all matched ({kind:?})"
     );
 }
