@@ -136,11 +136,13 @@ pub fn parse_only(s: &str) -> Result<BTreeSet<Test>, String> {
 /// The targets `--setup` can make, in the order it makes them (and the
 /// report shows them). The checks that compare targets know them by these
 /// labels: `safs` is the unencrypted reference, `safs-enc` an encrypted
-/// volume with the directory cache, `…-nodircache` the same without it.
-pub const SETUP_LABELS: [&str; 7] = [
+/// volume with the directory cache, `…-nodircache` the same without it,
+/// `safs-pg` a volume whose metadata is in PostgreSQL.
+pub const SETUP_LABELS: [&str; 8] = [
     "safs",
     "safs-enc",
     "safs-enc-nodircache",
+    "safs-pg",
     "gocryptfs",
     "ext4",
     "xfs",

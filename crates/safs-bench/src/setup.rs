@@ -1,6 +1,8 @@
 //! `--setup`: the comparison set made in one go — a safs volume and mount,
 //! two encrypted safs volumes (with their default directory cache, and
-//! with `dircache=0`),
+//! with `dircache=0`), a volume whose metadata is in PostgreSQL (a private
+//! cluster whose data directory is on the same image, started and stopped
+//! here; the target is skipped, saying why, without Debian's `postgresql`),
 //! gocryptfs, an ext4 and an xfs loop image, a tmpfs — and torn down
 //! afterwards. `--targets LABEL,…` (bare labels) makes only those.
 //!
@@ -8,7 +10,8 @@
 //!
 //! ```text
 //! safs-disk.img  sparse ext4 image  safs-disk/  holds the safs volumes (vol/,
-//!                                               vol-enc/, vol-enc-nodircache/)
+//!                                               vol-enc/, vol-enc-nodircache/,
+//!                                               vol-pg/), the cluster (pg/)
 //!                                               and gocryptfs' cipher/
 //!                                   safs/, safs-enc/, safs-enc-nodircache/,
 //!                                   gocryptfs/  their mountpoints
@@ -82,7 +85,13 @@ impl Tool {
 }
 
 /// The set-up targets kept on safs' ext4 image.
-const ON_SAFS_DISK: [&str; 4] = ["safs", "safs-enc", "safs-enc-nodircache", "gocryptfs"];
+const ON_SAFS_DISK: [&str; 5] = [
+    "safs",
+    "safs-enc",
+    "safs-enc-nodircache",
+    "safs-pg",
+    "gocryptfs",
+];
 
 /// The set-up targets to make: those picked by `--targets LABEL`, or all.
 pub fn wanted(picks: &[String]) -> Vec<&'static str> {
@@ -203,6 +212,10 @@ enum Mounted {
     Kernel(PathBuf),
     Safs(SafsMount),
     Gocryptfs(GocryptfsMount),
+    /// Nothing mounted: a server, stopped when dropped, in its turn.
+    Postgres {
+        _cluster: safs_pgcluster::TempCluster,
+    },
 }
 
 /// The set-up filesystems; dropping it tears them down.
@@ -328,7 +341,10 @@ impl Setup {
             let disk = loop_mount(&mut s, bytes, "ext4", "safs-disk")?;
             // One passphrase for the encrypted volumes and gocryptfs.
             let passfile = root.join("passphrase");
-            if ON_SAFS_DISK[1..].iter().any(|l| want(l)) {
+            if ["safs-enc", "safs-enc-nodircache", "gocryptfs"]
+                .iter()
+                .any(|l| want(l))
+            {
                 write_passphrase(&passfile)?;
             }
             // (label, volume directory, encrypted, extra `-o`): the
@@ -393,6 +409,17 @@ impl Setup {
                 });
                 check()?;
             }
+            if want("safs-pg") {
+                if let Err(e) = s.safs_pg(env, &disk) {
+                    let reason = format!("{e:#}");
+                    eprintln!("safs bench: skipping target safs-pg: {reason}");
+                    s.skipped.push(Skipped {
+                        label: "safs-pg".into(),
+                        reason,
+                    });
+                }
+                check()?;
+            }
             if want("gocryptfs") {
                 if let Err(e) = s.gocryptfs(&disk, &passfile) {
                     let reason = format!("{e:#}");
@@ -433,6 +460,45 @@ impl Setup {
             check()?;
         }
         Ok(s)
+    }
+
+    /// A safs volume on `<disk>/vol-pg` whose metadata is in a private
+    /// PostgreSQL cluster in `<disk>/pg`.
+    fn safs_pg(&mut self, env: &Env<'_>, disk: &Path) -> anyhow::Result<()> {
+        safs_pgcluster::bin_dir().map_err(|e| anyhow::anyhow!(e))?;
+        let dir = disk.join("pg");
+        std::fs::create_dir_all(&dir)?;
+        let cluster = safs_pgcluster::TempCluster::start(&dir).map_err(|e| anyhow::anyhow!(e))?;
+        let about = format!(
+            "metadata in {} (private cluster, same image)",
+            cluster.version()
+        );
+        let conninfo = cluster.conninfo("postgres");
+        // Stopped after the volume is unmounted (teardown runs in reverse).
+        self.mounts.push(Mounted::Postgres { _cluster: cluster });
+        let vol = disk.join("vol-pg");
+        run_cmd(
+            Command::new(env.safs_exe)
+                .arg("format")
+                .arg(&vol)
+                .args(["--meta", &conninfo]),
+        )?;
+        let mnt = self.root.join("safs-pg");
+        std::fs::create_dir_all(&mnt)?;
+        let m = SafsMount {
+            volume: std::fs::canonicalize(&vol)?,
+            mountpoint: std::fs::canonicalize(&mnt)?,
+            options: env.safs_options.to_vec(),
+        };
+        mount_safs(env.safs_exe, &m)?;
+        self.mounts.push(Mounted::Safs(m));
+        self.targets.push(TargetSpec {
+            label: "safs-pg".into(),
+            dir: mnt,
+            remount: Remount::AsFound,
+            about: Some(about),
+        });
+        Ok(())
     }
 
     /// gocryptfs with default settings over `<disk>/cipher`, installed
@@ -487,6 +553,10 @@ impl Setup {
                 Mounted::Kernel(p) => p,
                 Mounted::Safs(s) => &s.mountpoint,
                 Mounted::Gocryptfs(g) => &g.mountpoint,
+                Mounted::Postgres { .. } => {
+                    drop(m);
+                    continue;
+                }
             };
             if let Err(e) = unmount_with_retry(mnt, Duration::from_secs(5)) {
                 eprintln!("safs bench: {e}; detaching it lazily");
@@ -497,6 +567,7 @@ impl Setup {
                 Mounted::Kernel(_) => Ok(()),
                 Mounted::Safs(s) => wait_unlocked(&s.volume, Duration::from_secs(120)),
                 Mounted::Gocryptfs(g) => wait_gocryptfs_exit(&g.cipherdir, Duration::from_secs(30)),
+                Mounted::Postgres { .. } => Ok(()),
             };
             if let Err(e) = waited {
                 eprintln!("safs bench: {e}");
@@ -546,7 +617,7 @@ mod tests {
         assert_eq!(tools_for(&["tmpfs"]), []);
         assert_eq!(tools_for(&["xfs"]), [Tool::MkfsXfs]);
         // One image's worth per safs volume on the shared image.
-        assert_eq!(safs_disk_bytes(4, &SETUP_LABELS), 12);
+        assert_eq!(safs_disk_bytes(4, &SETUP_LABELS), 16);
         assert_eq!(safs_disk_bytes(4, &["gocryptfs"]), 4);
     }
 }

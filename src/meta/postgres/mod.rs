@@ -35,8 +35,9 @@
 //! password comes from `~/.pgpass` or `PGPASSFILE` ([`conninfo`]) and is
 //! never stored in the volume.
 
-pub mod cluster;
 pub mod conninfo;
+/// Private clusters for tests and the bench (`crates/safs-pgcluster`).
+pub use safs_pgcluster as cluster;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

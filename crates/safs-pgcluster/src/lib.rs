@@ -1,8 +1,10 @@
 //! A private PostgreSQL cluster in a directory: `initdb`, then a server
 //! listening only on a Unix socket in that directory (no TCP), run as the
 //! `postgres` user when started by root (the server refuses root), stopped
-//! and removed when dropped. What the tests and `safs bench --setup` use
-//! for a real PostgreSQL that touches nothing else on the machine.
+//! and removed when dropped. What safs's tests and `safs bench --setup`
+//! use for a real PostgreSQL that touches nothing else on the machine (a
+//! crate of its own so that the bench, which depends on safs-control alone,
+//! shares it).
 //!
 //! The binaries are Debian's (`apt-get install postgresql`): `initdb` on
 //! the PATH, else the newest `/usr/lib/postgresql/<version>/bin`.
@@ -113,10 +115,19 @@ impl TempCluster {
 
     /// Creates the database `name`.
     pub fn create_database(&self, name: &str) -> Result<(), String> {
-        let mut c = postgres::Client::connect(&self.conninfo("postgres"), postgres::NoTls)
-            .map_err(|e| e.to_string())?;
-        c.batch_execute(&format!("CREATE DATABASE \"{name}\""))
-            .map_err(|e| e.to_string())
+        self.run("createdb", &["-h", self.path(), "-U", "postgres", name])
+            .map(|_| ())
+    }
+
+    /// The server's version, e.g. "PostgreSQL 15.18".
+    pub fn version(&self) -> String {
+        self.run("postgres", &["--version"])
+            .map(|o| {
+                let v = String::from_utf8_lossy(&o.stdout);
+                let v = v.trim().trim_start_matches("postgres (PostgreSQL) ");
+                format!("PostgreSQL {v}")
+            })
+            .unwrap_or_else(|_| "PostgreSQL".into())
     }
 
     /// Stops the server at once (`-m immediate`: as a crash) and starts it
@@ -181,7 +192,7 @@ impl TempCluster {
 impl Drop for TempCluster {
     fn drop(&mut self) {
         if let Err(e) = self.stop("immediate") {
-            tracing::warn!("stopping the private PostgreSQL cluster: {e}");
+            eprintln!("stopping the private PostgreSQL cluster: {e}");
         }
         let _ = std::fs::remove_dir_all(&self.data);
     }
