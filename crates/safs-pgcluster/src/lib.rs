@@ -21,12 +21,18 @@ pub struct TempCluster {
     owner: Option<nix::unistd::User>,
 }
 
-/// The directory holding `initdb` and `pg_ctl`.
+/// The directory holding the server's programs (`initdb`, `pg_ctl`,
+/// `createdb`, `postgres`): where an `initdb` on the PATH really is (a
+/// symlink in /usr/local/bin, say, names only itself).
 pub fn bin_dir() -> Result<PathBuf, String> {
     if let Some(path) = std::env::var_os("PATH") {
         for dir in std::env::split_paths(&path) {
-            if dir.join("initdb").is_file() && dir.join("pg_ctl").is_file() {
-                return Ok(dir);
+            let real = std::fs::canonicalize(dir.join("initdb")).ok();
+            if let Some(bin) = real.as_deref().and_then(Path::parent)
+                && bin.join("pg_ctl").is_file()
+                && bin.join("createdb").is_file()
+            {
+                return Ok(bin.to_path_buf());
             }
         }
     }
