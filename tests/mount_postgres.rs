@@ -218,6 +218,61 @@ fn one_daemon_anywhere_serves_a_volume_and_a_dead_ones_claim_goes_with_it() {
 }
 
 #[test]
+fn an_encrypted_volume_on_postgresql_keeps_nothing_readable_in_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = TempCluster::start(dir.path()).unwrap();
+    let pass = dir.path().join("pass");
+    std::fs::write(&pass, b"pg passphrase\n").unwrap();
+    let p = pass.to_str().unwrap();
+    let mut v = TestVolume::formatted(&[
+        "--encrypt",
+        "--kdf-testing",
+        "--passphrase-file",
+        p,
+        "--meta",
+        &cluster.conninfo("postgres"),
+    ]);
+    v.set_options(&[&format!("passphrase_file={p}")]);
+    v.mount();
+    std::fs::create_dir(v.path("secretdir")).unwrap();
+    write_file(&v.path("secretdir/secretfile"), b"secretcontents");
+    setxattr(
+        &v.path("secretdir/secretfile"),
+        "user.secretname",
+        b"secretvalue",
+        0,
+    )
+    .unwrap();
+    v.unmount();
+    v.mount();
+    assert_eq!(
+        std::fs::read(v.path("secretdir/secretfile")).unwrap(),
+        b"secretcontents"
+    );
+    assert_eq!(
+        getxattr(&v.path("secretdir/secretfile"), "user.secretname").unwrap(),
+        b"secretvalue"
+    );
+    v.unmount();
+    let mut c = postgres::Client::connect(&cluster.conninfo("postgres"), postgres::NoTls).unwrap();
+    let rows = c.query("SELECT k, v FROM safs_kv", &[]).unwrap();
+    assert!(rows.len() > 3);
+    for r in rows {
+        let (k, val): (Vec<u8>, Vec<u8>) = (r.get(0), r.get(1));
+        for bytes in [&k, &val] {
+            assert!(
+                !bytes.windows(6).any(|w| w == b"secret"),
+                "a name or value in the clear: {:?}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+    }
+    let out = safs(["fsck", v.vol().to_str().unwrap(), "--passphrase-file", p]);
+    out.assert_success("fsck of an encrypted PostgreSQL volume");
+    assert!(out.stdout.contains("clean"), "{}", out.stdout);
+}
+
+#[test]
 fn meta_timeout_is_checked() {
     let p = pg_volume();
     let mnt2 = p._dir.path().join("m2");

@@ -282,11 +282,14 @@ pub struct SessionRow {
 
 impl std::fmt::Display for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "pid {} on host {}, mounted on {}",
-            self.pid, self.host, self.mountpoint
-        )
+        // A mountpoint in parentheses is what a process that mounts
+        // nothing is doing: "(safs fsck)".
+        let (pid, host, m) = (self.pid, &self.host, &self.mountpoint);
+        if m.starts_with('(') {
+            write!(f, "pid {pid} on host {host} {m}")
+        } else {
+            write!(f, "pid {pid} on host {host}, mounted on {m}")
+        }
     }
 }
 
