@@ -117,20 +117,44 @@ impl Fs {
     /// Entry `name` of `parent`: from the directory cache, else from the
     /// engine (and then cached).
     fn dirent(&self, st: &mut State, parent: u64, name: &[u8]) -> Result<Option<Dirent>> {
+        self.dirent_then(st, parent, name, false)
+    }
+
+    /// [`Fs::dirent`]; with `and_inode`, the inode it names is read in the
+    /// same engine call where that costs one round trip (PostgreSQL) and
+    /// put in the cache, for a lookup that needs it next.
+    fn dirent_then(
+        &self,
+        st: &mut State,
+        parent: u64,
+        name: &[u8],
+        and_inode: bool,
+    ) -> Result<Option<Dirent>> {
         match st.dirs().lookup(parent, name) {
             Found::Entry(d) => return Ok(Some(d)),
             Found::Absent => return Ok(None),
             Found::Unknown => {}
         }
         let key = self.keyspace.dirent(parent, name);
-        match self.store.get(&key)? {
-            Some(rec) => {
-                let d = Dirent::decode(&key, &rec).map_err(|e| CoreError::corrupt(&key, e))?;
-                st.dirs().learn(parent, name, &d);
-                Ok(Some(d))
-            }
-            None => Ok(None),
+        let found = if and_inode {
+            self.store
+                .get_and_follow(&key, crate::format::dirent::INO_AT, keys::P_INODE)?
+        } else {
+            self.store.get(&key)?.map(|rec| (rec, None))
+        };
+        let Some((rec, inode)) = found else {
+            return Ok(None);
+        };
+        let d = Dirent::decode(&key, &rec).map_err(|e| CoreError::corrupt(&key, e))?;
+        st.dirs().learn(parent, name, &d);
+        if let Some(irec) = inode
+            && !st.is_cached(d.ino)
+        {
+            let ikey = keys::inode(d.ino);
+            let inode = Inode::decode(&ikey, &irec).map_err(|e| CoreError::corrupt(&ikey, e))?;
+            st.cache_put(d.ino, super::Cached { inode, spill: None });
         }
+        Ok(Some(d))
     }
 
     fn add_entry(
@@ -229,7 +253,7 @@ impl Fs {
             b"." => parent,
             b".." => p.parent,
             _ => {
-                self.dirent(&mut st, parent, name)?
+                self.dirent_then(&mut st, parent, name, true)?
                     .ok_or(CoreError::NotFound)?
                     .ino
             }

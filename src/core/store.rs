@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::error::{CoreError, Result};
-use crate::meta::{MetaError, MetaStore, Write};
+use crate::meta::{Followed, MetaError, MetaStore, Write};
 
 type Map = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
@@ -262,6 +262,54 @@ impl Store {
             }
         }
         Ok(self.engine.get(key)?)
+    }
+
+    /// [`MetaRead::get_and_follow`] through the overlay: one engine call
+    /// (one round trip on PostgreSQL) when neither record is waiting in it.
+    /// On engines where following costs a second read (LMDB) only `key` is
+    /// read: the pointee comes back `None`, for the caller to read if it
+    /// needs it.
+    pub fn get_and_follow(&self, key: &[u8], at: usize, prefix: u8) -> Result<Followed> {
+        if !self.engine.follows_in_one_read() {
+            return Ok(self.get(key)?.map(|v| (v, None)));
+        }
+        let since = {
+            let ov = self.overlay.lock();
+            if ov.pending.contains_key(key) || ov.committing.contains_key(key) {
+                None
+            } else {
+                Some(ov.durable_seq)
+            }
+        };
+        let Some(since) = since else {
+            // The entry is waiting to be committed: read each in turn.
+            let Some(value) = self.get(key)? else {
+                return Ok(None);
+            };
+            let pointee = match crate::meta::pointer_key(&value, at, prefix) {
+                Some(k) => self.get(&k)?,
+                None => None,
+            };
+            return Ok(Some((value, pointee)));
+        };
+        let Some((value, pointee)) = self.engine.get_and_follow(key, at, prefix)? else {
+            return Ok(None);
+        };
+        let Some(k) = crate::meta::pointer_key(&value, at, prefix) else {
+            return Ok(Some((value, None)));
+        };
+        // The pointee may have changed after the engine read it: a newer
+        // value waiting in the overlay wins, and if a commit landed
+        // meanwhile, what the engine said may be older than it: ask again.
+        let ov = self.overlay.lock();
+        let newer = ov.pending.get(&k[..]).or_else(|| ov.committing.get(&k[..]));
+        if let Some(v) = newer {
+            return Ok(Some((value, v.clone())));
+        }
+        let moved = ov.durable_seq != since;
+        drop(ov);
+        let pointee = if moved { self.get(&k)? } else { pointee };
+        Ok(Some((value, pointee)))
     }
 
     /// Up to `limit` live pairs in `[start, end)`, merged across overlay and

@@ -10,6 +10,11 @@ use super::envelope::{Kind, Reader, open, seal};
 /// File type of an entry, as `d_type` wants it (`S_IFMT >> 12`).
 pub type DType = u8;
 
+/// Where an encoded entry holds its inode number (8 bytes, big-endian, as
+/// in the inode's key): after the envelope's header. A lookup asks the
+/// engine to follow it ([`crate::meta::MetaRead::get_and_follow`]).
+pub const INO_AT: usize = 2;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Dirent {
     pub ino: u64,
@@ -96,7 +101,13 @@ mod tests {
                       name in proptest::collection::vec(any::<u8>(), 1..=255)) {
             let k = keys::dirent(1, &name);
             let d = Dirent { ino, kind, cookie };
-            prop_assert_eq!(Dirent::decode(&k, &d.encode(&k)).unwrap(), d);
+            let rec = d.encode(&k);
+            prop_assert_eq!(Dirent::decode(&k, &rec).unwrap(), d);
+            // The pointer an engine follows to the inode's key.
+            prop_assert_eq!(
+                crate::meta::pointer_key(&rec, INO_AT, keys::P_INODE),
+                Some(keys::inode(ino))
+            );
             let k = keys::dir_index(1, cookie);
             let e = IndexEntry { ino, kind, name };
             prop_assert_eq!(IndexEntry::decode(&k, &e.encode(&k)).unwrap(), e);

@@ -174,6 +174,41 @@ pub trait MetaRead {
 
     /// Up to `limit` pairs with `start <= key < end`, in key order.
     fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Pairs, MetaError>;
+
+    /// The value at `key` and, if it is long enough, the value at the key
+    /// it points to: `prefix` followed by its 8 bytes at `at` (a directory
+    /// entry and the inode it names, for a lookup). Engines that pay a
+    /// round trip per read answer both in one (and say so in
+    /// [`MetaRead::follows_in_one_read`]); the default reads twice.
+    fn get_and_follow(&self, key: &[u8], at: usize, prefix: u8) -> Result<Followed, MetaError> {
+        let Some(value) = self.get(key)? else {
+            return Ok(None);
+        };
+        let pointee = match pointer_key(&value, at, prefix) {
+            Some(k) => self.get(&k)?,
+            None => None,
+        };
+        Ok(Some((value, pointee)))
+    }
+
+    /// Whether [`MetaRead::get_and_follow`] costs what one read costs: only
+    /// then is it worth calling by a caller that may not need the pointee.
+    fn follows_in_one_read(&self) -> bool {
+        false
+    }
+}
+
+/// What [`MetaRead::get_and_follow`] found: the value, and the value it
+/// points to (`None` if absent or if the value is too short to point).
+pub type Followed = Option<(Vec<u8>, Option<Vec<u8>>)>;
+
+/// The key `value` points to: `prefix` and its 8 bytes at `at`.
+pub fn pointer_key(value: &[u8], at: usize, prefix: u8) -> Option<[u8; 9]> {
+    let bytes = value.get(at..at.checked_add(8)?)?;
+    let mut k = [0u8; 9];
+    k[0] = prefix;
+    k[1..].copy_from_slice(bytes);
+    Some(k)
 }
 
 /// What an engine has been asked to do since it was opened: the figure that
@@ -320,6 +355,32 @@ pub(crate) mod conformance {
         assert_eq!(store.get(b"b").unwrap().as_deref(), Some(&b"x"[..]));
         // Deleting a missing key is not an error.
         store.commit(&[(b"nope".to_vec(), None)]).unwrap();
+        // A value pointing at another key (prefix + its bytes 1..9).
+        store
+            .commit(&[
+                (b"Eptr".to_vec(), Some(b"x\0\0\0\0\0\0\0\x07y".to_vec())),
+                (b"I\0\0\0\0\0\0\0\x07".to_vec(), Some(b"inode 7".to_vec())),
+                (b"Eshort".to_vec(), Some(b"x\0\0".to_vec())),
+                (b"Edangling".to_vec(), Some(b"x\0\0\0\0\0\0\0\x08".to_vec())),
+            ])
+            .unwrap();
+        assert_eq!(
+            store.get_and_follow(b"Eptr", 1, b'I').unwrap(),
+            Some((b"x\0\0\0\0\0\0\0\x07y".to_vec(), Some(b"inode 7".to_vec())))
+        );
+        assert_eq!(
+            store.get_and_follow(b"Eshort", 1, b'I').unwrap(),
+            Some((b"x\0\0".to_vec(), None))
+        );
+        assert_eq!(
+            store
+                .get_and_follow(b"Edangling", 1, b'I')
+                .unwrap()
+                .unwrap()
+                .1,
+            None
+        );
+        assert_eq!(store.get_and_follow(b"Enone", 1, b'I').unwrap(), None);
         // A large value.
         let big = vec![7u8; 70_000];
         store

@@ -75,6 +75,8 @@ CREATE TABLE safs_sessions (host text NOT NULL, pid integer NOT NULL, mountpoint
 struct Conn {
     client: Client,
     get: Statement,
+    /// A value and the one its bytes point to, in one round trip.
+    get_and_follow: Statement,
     scan: Statement,
     commit: Statement,
     /// The commit of a claimed store: applies the batch only while the
@@ -241,6 +243,14 @@ impl PgStore {
         let scan = client
             .prepare("SELECT k, v FROM safs_kv WHERE k >= $1 AND k < $2 ORDER BY k LIMIT $3")
             .map_err(engine_err)?;
+        // substring() is 1-based; a value too short to point joins nothing.
+        let get_and_follow = client
+            .prepare(
+                "SELECT a.v, b.v FROM safs_kv a LEFT JOIN safs_kv b \
+                 ON length(a.v) >= $3 + 7 AND b.k = $2 || substring(a.v FROM $3 FOR 8) \
+                 WHERE a.k = $1",
+            )
+            .map_err(engine_err)?;
         let commit = client
             .prepare(
                 "WITH gone AS (DELETE FROM safs_kv WHERE k = ANY($1::bytea[])) \
@@ -263,6 +273,7 @@ impl PgStore {
         Ok(Conn {
             client,
             get,
+            get_and_follow,
             scan,
             commit,
             fenced_commit,
@@ -358,6 +369,27 @@ impl MetaRead for PgStore {
             let row = c.client.query_opt(&c.get, &[&key])?;
             Ok(row.map(|r| r.get::<_, Vec<u8>>(0)))
         })
+    }
+
+    fn get_and_follow(
+        &self,
+        key: &[u8],
+        at: usize,
+        prefix: u8,
+    ) -> Result<super::Followed, MetaError> {
+        self.gets.fetch_add(1, Relaxed);
+        let from = i32::try_from(at + 1).unwrap_or(i32::MAX - 8);
+        let prefix = [prefix];
+        self.with_conn(|c| {
+            let row = c
+                .client
+                .query_opt(&c.get_and_follow, &[&key, &&prefix[..], &from])?;
+            Ok(row.map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, Option<Vec<u8>>>(1))))
+        })
+    }
+
+    fn follows_in_one_read(&self) -> bool {
+        true
     }
 
     fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<super::Pairs, MetaError> {
