@@ -41,7 +41,7 @@ pub use safs_pgcluster as cluster;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -87,8 +87,10 @@ struct Conn {
 /// A claim on the volume: the connection holding its advisory lock, kept
 /// alive (and re-taken after an outage) by a thread until the store drops.
 struct Claim {
-    stop: AtomicBool,
-    keeper: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Set when the store drops; `wake` cuts the keeper's wait short.
+    stop: Mutex<bool>,
+    wake: parking_lot::Condvar,
+    keeper: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 pub struct PgStore {
@@ -497,8 +499,9 @@ impl MetaStore for PgStore {
         t.commit().map_err(engine_err)?;
         self.token.store(token, Relaxed);
         let claim = Arc::new(Claim {
-            stop: AtomicBool::new(false),
-            keeper: parking_lot::Mutex::new(None),
+            stop: Mutex::new(false),
+            wake: parking_lot::Condvar::new(),
+            keeper: Mutex::new(None),
         });
         let keeper = {
             let (claim, config, token) = (claim.clone(), self.config.clone(), self.token.clone());
@@ -558,7 +561,8 @@ impl MetaStore for PgStore {
 impl Drop for PgStore {
     fn drop(&mut self) {
         if let Some(claim) = self.claim.lock().take() {
-            claim.stop.store(true, Relaxed);
+            *claim.stop.lock() = true;
+            claim.wake.notify_all();
             if let Some(t) = claim.keeper.lock().take() {
                 let _ = t.join();
             }
@@ -572,8 +576,16 @@ impl Drop for PgStore {
 /// its commits fail from then on (the number no longer matches).
 fn keep_claim(mut client: Client, config: &postgres::Config, claim: &Claim, token: &AtomicI64) {
     let mut lost_since: Option<Instant> = None;
-    while !claim.stop.load(Relaxed) {
-        std::thread::sleep(CLAIM_CHECK);
+    loop {
+        {
+            let mut stop = claim.stop.lock();
+            if !*stop {
+                claim.wake.wait_for(&mut stop, CLAIM_CHECK);
+            }
+            if *stop {
+                return;
+            }
+        }
         if client.simple_query("SELECT 1").is_ok() {
             continue;
         }
