@@ -242,6 +242,24 @@ record() {
   SUMMARY+=("$(printf '%-4s %5ss  %s' "$1" "$2" "$3")")
   case $1 in PASS | SKIP) ;; *) FAILURES=$((FAILURES + 1)) ;; esac
 }
+# check_fsck LOGNAME WHAT VOLUME [ARG...]: `safs fsck` of an unmounted
+# volume (it waits for the daemon's last commit by itself); it must be clean.
+check_fsck() {
+  local log=$WORK/$1.log what=$2 t0=$SECONDS rc
+  shift 2
+  set +e
+  "$SAFS" fsck "$@" >"$log" 2>&1
+  rc=$?
+  set -e
+  cat "$log"
+  if [ "$rc" = 0 ]; then
+    TOTAL_PASSED=$((TOTAL_PASSED + 1))
+    record PASS $((SECONDS - t0)) "$what: clean"
+  else
+    TOTAL_FAILED=$((TOTAL_FAILED + 1))
+    record FAIL $((SECONDS - t0)) "$what: exit $rc"
+  fi
+}
 if [ "$MAIN_TRANSPORT" = dev ]; then
   TOTAL_SKIPPED=$((TOTAL_SKIPPED + 1))
   record SKIP 0 "FUSE over io_uring: this kernel has none ($URING_PARAM missing); everything ran over /dev/fuse"
@@ -391,16 +409,8 @@ if [ "$MAIN_TRANSPORT" != dev ] && [ -x "$SAFS" ] && pjdfstest_ready && [ -f "$W
   else
     run_pjdfstest pjdfstest-dev "$ROOT/tests/pjdfstest.toml" "$DEV_MNT/pjdfstest"
     run_pjdfstest pjdfstest-dev-erofs "$WORK/pjdfstest-erofs.toml" "$DEV_MNT/pjdfstest-erofs" erofs
-    t0=$SECONDS
     umount "$DEV_MNT"
-    if "$SAFS" fsck "$DEV_VOL" >"$WORK/fsck-dev.log" 2>&1; then
-      TOTAL_PASSED=$((TOTAL_PASSED + 1))
-      record PASS $((SECONDS - t0)) "safs fsck after pjdfstest over /dev/fuse: clean"
-    else
-      cat "$WORK/fsck-dev.log"
-      TOTAL_FAILED=$((TOTAL_FAILED + 1))
-      record FAIL $((SECONDS - t0)) "safs fsck after pjdfstest over /dev/fuse"
-    fi
+    check_fsck fsck-dev "safs fsck after pjdfstest over /dev/fuse" "$DEV_VOL"
   fi
 fi
 
@@ -479,36 +489,15 @@ run_stress stress-ng "$MNT" "${STRESSORS[@]}"
 if [ "${PG_STRESS:-0}" = 1 ]; then
   run_stress stress-ng-postgres "$PG_MNT" rename symlink chown getdent xattr dirdeep \
     dirmany dentry utime mknod chmod filename link open dir fsize
-  t0=$SECONDS
   umount "$PG_MNT"
-  if "$SAFS" fsck "$PG_VOL" >"$WORK/fsck-pg.log" 2>&1; then
-    TOTAL_PASSED=$((TOTAL_PASSED + 1))
-    record PASS $((SECONDS - t0)) "safs fsck of the PostgreSQL volume after pjdfstest and stress-ng: clean"
-  else
-    cat "$WORK/fsck-pg.log"
-    TOTAL_FAILED=$((TOTAL_FAILED + 1))
-    record FAIL $((SECONDS - t0)) "safs fsck of the PostgreSQL volume after pjdfstest and stress-ng"
-  fi
+  check_fsck fsck-pg "safs fsck of the PostgreSQL volume after pjdfstest and stress-ng" "$PG_VOL"
   pg_stop
 fi
 
 # --- 7. fsck of the volume all of the above ran on ---------------------------
-t0=$SECONDS
 if is_mounted "$MNT"; then
   umount "$MNT"
-  # `safs fsck` waits for the unmounted daemon's last commit by itself.
-  set +e
-  "$SAFS" fsck "$VOL" >"$WORK/fsck.log" 2>&1
-  rc=$?
-  set -e
-  cat "$WORK/fsck.log"
-  if [ "$rc" = 0 ]; then
-    TOTAL_PASSED=$((TOTAL_PASSED + 1))
-    record PASS $((SECONDS - t0)) "safs fsck after pjdfstest and stress-ng: clean"
-  else
-    TOTAL_FAILED=$((TOTAL_FAILED + 1))
-    record FAIL $((SECONDS - t0)) "safs fsck after pjdfstest and stress-ng: exit $rc"
-  fi
+  check_fsck fsck "safs fsck after pjdfstest and stress-ng" "$VOL"
 fi
 
 # --- 8. an encrypted volume: pjdfstest, data stressors, fsck ---------------------
@@ -533,20 +522,9 @@ else
     run_stress stress-ng-encrypted "$ENC_MNT" fallocate mmap seek readahead hdd iomix \
       fpunch copy-file sendfile splice fsize sync-file rename getdent dirmany xattr \
       dentry link filename
-    t0=$SECONDS
     umount "$ENC_MNT"
-    set +e
-    "$SAFS" fsck "$ENC_VOL" --passphrase-file "$ENC_PASS" >"$WORK/fsck-encrypted.log" 2>&1
-    rc=$?
-    set -e
-    cat "$WORK/fsck-encrypted.log"
-    if [ "$rc" = 0 ]; then
-      TOTAL_PASSED=$((TOTAL_PASSED + 1))
-      record PASS $((SECONDS - t0)) "safs fsck of the encrypted volume (every record and block): clean"
-    else
-      TOTAL_FAILED=$((TOTAL_FAILED + 1))
-      record FAIL $((SECONDS - t0)) "safs fsck of the encrypted volume: exit $rc"
-    fi
+    check_fsck fsck-encrypted "safs fsck of the encrypted volume (every record and block)" \
+      "$ENC_VOL" --passphrase-file "$ENC_PASS"
   fi
 fi
 
