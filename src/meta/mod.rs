@@ -220,6 +220,36 @@ pub struct EngineCounters {
     pub commits: u64,
 }
 
+/// The running counts behind [`EngineCounters`], kept by an engine.
+#[derive(Debug, Default)]
+pub struct EngineTally {
+    gets: std::sync::atomic::AtomicU64,
+    scans: std::sync::atomic::AtomicU64,
+    commits: std::sync::atomic::AtomicU64,
+}
+
+impl EngineTally {
+    pub fn get(&self) {
+        self.gets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    pub fn scan(&self) {
+        self.scans
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    pub fn commit(&self) {
+        self.commits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    pub fn counters(&self) -> EngineCounters {
+        use std::sync::atomic::Ordering::Relaxed;
+        EngineCounters {
+            gets: self.gets.load(Relaxed),
+            scans: self.scans.load(Relaxed),
+            commits: self.commits.load(Relaxed),
+        }
+    }
+}
+
 /// A metadata engine.
 pub trait MetaStore: MetaRead + Send + Sync + 'static {
     /// Operations served so far (engines that do not count report zeros).

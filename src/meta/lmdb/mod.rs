@@ -52,7 +52,7 @@ use parking_lot::Mutex;
 use heed::types::Bytes;
 use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, MdbError};
 
-use super::{EngineCounters, MetaError, MetaRead, MetaStore, WriteRef};
+use super::{EngineCounters, EngineTally, MetaError, MetaRead, MetaStore, WriteRef};
 
 pub mod verify;
 
@@ -82,9 +82,7 @@ pub struct LmdbStore {
     /// them. Invariant: never above what was allocated (a failed or partial
     /// `fallocate` leaves it where it was).
     allocated_end: Mutex<u64>,
-    gets: AtomicU64,
-    scans: AtomicU64,
-    commits: AtomicU64,
+    tally: EngineTally,
 }
 
 /// Checks the structure of the data file at `data` (see [`verify`]).
@@ -268,9 +266,7 @@ impl LmdbStore {
             depth: AtomicU32::new(stat.depth),
             branch_pages: AtomicU64::new(stat.branch_pages as u64),
             allocated_end: Mutex::new(0),
-            gets: AtomicU64::new(0),
-            scans: AtomicU64::new(0),
-            commits: AtomicU64::new(0),
+            tally: EngineTally::default(),
         };
         *store.allocated_end.lock() = store.used_end();
         Ok(store)
@@ -316,7 +312,7 @@ impl LmdbStore {
 
 impl MetaRead for LmdbStore {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, MetaError> {
-        self.gets.fetch_add(1, Relaxed);
+        self.tally.get();
         read_get(&self.env, self.db, key)
     }
 
@@ -326,25 +322,21 @@ impl MetaRead for LmdbStore {
         end: &[u8],
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, MetaError> {
-        self.scans.fetch_add(1, Relaxed);
+        self.tally.scan();
         read_scan(&self.env, self.db, start, end, limit)
     }
 }
 
 impl MetaStore for LmdbStore {
     fn counters(&self) -> EngineCounters {
-        EngineCounters {
-            gets: self.gets.load(Relaxed),
-            scans: self.scans.load(Relaxed),
-            commits: self.commits.load(Relaxed),
-        }
+        self.tally.counters()
     }
 
     fn commit_iter<'a>(
         &self,
         batch: &mut dyn Iterator<Item = WriteRef<'a>>,
     ) -> Result<(), MetaError> {
-        self.commits.fetch_add(1, Relaxed);
+        self.tally.commit();
         let mut wtxn = self.env.write_txn().map_err(engine_err)?;
         for (k, v) in batch {
             match v {

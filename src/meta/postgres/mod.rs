@@ -48,7 +48,9 @@ use parking_lot::Mutex;
 use postgres::error::SqlState;
 use postgres::{Client, NoTls, Statement};
 
-use super::{EngineCounters, MetaError, MetaRead, MetaStore, Session, SessionRow, WriteRef};
+use super::{
+    EngineCounters, EngineTally, MetaError, MetaRead, MetaStore, Session, SessionRow, WriteRef,
+};
 
 /// The schema this build writes and reads.
 pub const SCHEMA_VERSION: i32 = 1;
@@ -103,9 +105,7 @@ pub struct PgStore {
     /// The claim number this store holds (0: none, commits unfenced).
     token: Arc<AtomicI64>,
     claim: Mutex<Option<Arc<Claim>>>,
-    gets: AtomicU64,
-    scans: AtomicU64,
-    commits: AtomicU64,
+    tally: EngineTally,
 }
 
 /// `e` and its causes ("error connecting to server: No such file or
@@ -205,9 +205,7 @@ impl PgStore {
             outage_ms: AtomicU64::new(OUTAGE_WAIT.as_millis() as u64),
             token: Arc::new(AtomicI64::new(0)),
             claim: Mutex::new(None),
-            gets: AtomicU64::new(0),
-            scans: AtomicU64::new(0),
-            commits: AtomicU64::new(0),
+            tally: EngineTally::default(),
         };
         // Fail now, with the server's reason, rather than at first use.
         let c = store.raw_client()?;
@@ -366,7 +364,7 @@ impl PgStore {
 
 impl MetaRead for PgStore {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, MetaError> {
-        self.gets.fetch_add(1, Relaxed);
+        self.tally.get();
         self.with_conn(|c| {
             let row = c.client.query_opt(&c.get, &[&key])?;
             Ok(row.map(|r| r.get::<_, Vec<u8>>(0)))
@@ -379,7 +377,7 @@ impl MetaRead for PgStore {
         at: usize,
         prefix: u8,
     ) -> Result<super::Followed, MetaError> {
-        self.gets.fetch_add(1, Relaxed);
+        self.tally.get();
         let from = i32::try_from(at + 1).unwrap_or(i32::MAX - 8);
         let prefix = [prefix];
         self.with_conn(|c| {
@@ -395,7 +393,7 @@ impl MetaRead for PgStore {
     }
 
     fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<super::Pairs, MetaError> {
-        self.scans.fetch_add(1, Relaxed);
+        self.tally.scan();
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.with_conn(|c| {
             let rows = c.client.query(&c.scan, &[&start, &end, &limit])?;
@@ -409,11 +407,7 @@ impl MetaRead for PgStore {
 
 impl MetaStore for PgStore {
     fn counters(&self) -> EngineCounters {
-        EngineCounters {
-            gets: self.gets.load(Relaxed),
-            scans: self.scans.load(Relaxed),
-            commits: self.commits.load(Relaxed),
-        }
+        self.tally.counters()
     }
 
     fn commit_iter<'a>(
@@ -437,7 +431,7 @@ impl MetaStore for PgStore {
                 None => gone.push(k),
             }
         }
-        self.commits.fetch_add(1, Relaxed);
+        self.tally.commit();
         let token = self.token.load(Relaxed);
         if token == 0 {
             return self.with_conn(|c| {
