@@ -505,13 +505,9 @@ fn serve(
     // A database shared between machines: no other daemon anywhere may
     // serve the volume (the directory lock only covers this machine).
     engine
-        .claim(&safs::meta::Session {
-            host: std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|h| h.trim().to_string())
-                .unwrap_or_else(|_| "?".into()),
-            pid: std::process::id(),
-            mountpoint: mountpoint.display().to_string(),
-        })
+        .claim(&safs::meta::Session::of_this_process(
+            mountpoint.display().to_string(),
+        ))
         .map_err(|e| anyhow::anyhow!("cannot mount {}: {e}", volume.display()))?;
     let master = match master {
         None if daemon_child && sb.is_encrypted() => Some(key_from_parent()?),

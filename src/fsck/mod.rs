@@ -324,13 +324,7 @@ pub fn run(dir: &Path, access: Access<'_>, repair: bool, progress: Progress<'_>)
     };
     // A database shared between machines: no daemon anywhere may serve
     // the volume while it is checked.
-    let me = crate::meta::Session {
-        host: std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_string())
-            .unwrap_or_else(|_| "?".into()),
-        pid: std::process::id(),
-        mountpoint: "(safs fsck)".into(),
-    };
+    let me = crate::meta::Session::of_this_process("(safs fsck)".into());
     store.claim(&me).map_err(|e| match e {
         MetaError::Claimed(who) => FsckError::InUse {
             volume: dir.to_path_buf(),

@@ -345,6 +345,20 @@ pub struct SessionRow {
     pub live: bool,
 }
 
+impl Session {
+    /// This process on this host, serving `mountpoint` (or, in
+    /// parentheses, what it does instead: "(safs fsck)").
+    pub fn of_this_process(mountpoint: String) -> Session {
+        Session {
+            host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_else(|_| "?".into()),
+            pid: std::process::id(),
+            mountpoint,
+        }
+    }
+}
+
 impl std::fmt::Display for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // A mountpoint in parentheses is what a process that mounts
