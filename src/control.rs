@@ -19,7 +19,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use safs_control::{Health, Reply, StatsReply, request, socket_path};
+pub use safs_control::{
+    Health, Reply, StatsReply, is_shared, request, request_at, socket_for, socket_path,
+    socket_path_at,
+};
 
 use crate::core::Fs;
 use crate::fuse::stats::Stats;
@@ -33,9 +36,16 @@ fn status_kib(status: &str, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Serves the control socket on a thread of its own until the process ends.
-pub fn serve(volume: &Path, fs: Arc<Fs>, stats: Arc<Stats>) -> std::io::Result<()> {
-    let path = socket_path(volume);
+/// Serves the control socket of the daemon serving `volume` on
+/// `mountpoint` ([`socket_path_at`]) on a thread of its own until the
+/// process ends.
+pub fn serve(
+    volume: &Path,
+    mountpoint: &Path,
+    fs: Arc<Fs>,
+    stats: Arc<Stats>,
+) -> std::io::Result<()> {
+    let path = socket_path_at(volume, mountpoint);
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path)?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;

@@ -9,7 +9,6 @@ mod common;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::process::Command;
 
 use common::*;
 use safs::meta::postgres::cluster::TempCluster;
@@ -135,86 +134,6 @@ fn a_killed_daemon_and_a_restarted_server_lose_nothing_synced() {
     assert_eq!(std::fs::read(p.v.path("before")).unwrap(), b"synced");
     p.v.unmount();
     fsck_clean(p.v.vol());
-}
-
-/// A second volume directory naming the same database: what another
-/// machine sharing the volume's storage would mount.
-fn second_directory(p: &PgVolume) -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
-    let d = tempfile::tempdir().unwrap();
-    let vol = d.path().join("vol");
-    let mnt = d.path().join("mnt");
-    std::fs::create_dir_all(vol.join("meta")).unwrap();
-    std::fs::create_dir(&mnt).unwrap();
-    std::fs::copy(
-        p.v.vol().join("meta/postgres.conf"),
-        vol.join("meta/postgres.conf"),
-    )
-    .unwrap();
-    let out = Command::new("cp")
-        .args(["-a"])
-        .arg(p.v.vol().join("data"))
-        .arg(&vol)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    (d, vol, mnt)
-}
-
-#[test]
-fn one_daemon_anywhere_serves_a_volume_and_a_dead_ones_claim_goes_with_it() {
-    let mut p = pg_volume();
-    write_file(&p.v.path("f"), b"x");
-    let (_d, vol2, mnt2) = second_directory(&p);
-    let pid = daemon_pid(p.v.vol());
-    let out = safs(["mount", vol2.to_str().unwrap(), mnt2.to_str().unwrap()]);
-    fails_with(
-        &out,
-        &format!(
-            "the volume is in use by pid {pid} on host {}, mounted on {}",
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .unwrap()
-                .trim(),
-            p.v.mnt().display()
-        ),
-    );
-    assert!(!is_fuse_mounted(&mnt2));
-    let out = safs(["fsck", vol2.to_str().unwrap()]);
-    fails_with(&out, &format!("pid {pid}"));
-    let info = safs(["info", vol2.to_str().unwrap()]);
-    info.assert_success("safs info");
-    assert!(
-        info.stdout
-            .contains(&format!("session:        pid {pid} on host"))
-            && !info.stdout.contains("(gone"),
-        "{}",
-        info.stdout
-    );
-
-    // The daemon dies: its claim goes with its connection, the other
-    // directory mounts, and the first says its session is gone.
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
-    p.v.unmount_after_crash();
-    let mut out = safs(["mount", vol2.to_str().unwrap(), mnt2.to_str().unwrap()]);
-    // The server notices the dead client's connection within moments.
-    for _ in 0..50 {
-        if out.success() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        out = safs(["mount", vol2.to_str().unwrap(), mnt2.to_str().unwrap()]);
-    }
-    out.assert_success("mount of the second directory after the daemon died");
-    assert_eq!(std::fs::read(mnt2.join("f")).unwrap(), b"x");
-    let out = run_cmd(Command::new("umount").arg(&mnt2));
-    out.assert_success("umount");
-    assert!(
-        wait_until(std::time::Duration::from_secs(10), || {
-            safs(["info", vol2.to_str().unwrap()])
-                .stdout
-                .contains("(gone: its daemon stopped or died)")
-        }),
-        "the unmounted daemon's session is shown as gone"
-    );
 }
 
 #[test]

@@ -35,8 +35,8 @@ pub fn resolve(path: &Path) -> anyhow::Result<(PathBuf, Option<PathBuf>)> {
     }
 }
 
-fn print_stats(vol: &Path, json: bool) -> anyhow::Result<()> {
-    let stats = safs::control::request(vol, "stats")?.unwrap_or_default();
+fn print_stats(sock: &Path, json: bool) -> anyhow::Result<()> {
+    let stats = safs::control::request_at(sock, "stats")?.unwrap_or_default();
     if json {
         println!("{}", serde_json::to_string_pretty(&stats)?);
         return Ok(());
@@ -144,7 +144,14 @@ pub fn volume_of_mount(mnt: &Path) -> Option<PathBuf> {
 
 pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     let (vol, mountpoint) = resolve(&a.path)?;
-    let mounted = VolumeLock::is_held(&vol) && safs::control::socket_path(&vol).exists();
+    // The daemon to ask: on a volume several daemons serve, the one of the
+    // mountpoint given, else of the volume's first mount here.
+    let sock = match &mountpoint {
+        Some(m) => safs::control::socket_path_at(&vol, &std::fs::canonicalize(m)?),
+        None => safs::control::socket_for(&vol),
+    };
+    let shared = safs::control::is_shared(&vol);
+    let mounted = (shared || VolumeLock::is_held(&vol)) && sock.exists();
     if a.json {
         if !mounted {
             anyhow::bail!(
@@ -152,7 +159,7 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
                 vol.display()
             );
         }
-        return print_stats(&vol, true);
+        return print_stats(&sock, true);
     }
     let (store, sb) = volume::open_store(&vol)
         .with_context(|| format!("cannot open volume {}", vol.display()))?;
@@ -206,10 +213,14 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         );
     }
     println!("metadata size:  {} bytes", store.disk_bytes());
-    if VolumeLock::is_held(&vol) {
-        let pid = VolumeLock::holder_pid(&vol);
-        println!("mounted:        yes (daemon pid {pid})");
-        match safs::control::request(&vol, "stats") {
+    if mounted {
+        if shared {
+            println!("mounted:        yes (the live sessions above are its daemons)");
+        } else {
+            let pid = VolumeLock::holder_pid(&vol);
+            println!("mounted:        yes (daemon pid {pid})");
+        }
+        match safs::control::request_at(&sock, "stats") {
             Ok(Some(StatsReply {
                 commits: Some(h), ..
             })) => print_health(&h),
@@ -222,7 +233,7 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     if a.stats {
         println!();
         if mounted {
-            print_stats(&vol, false)?;
+            print_stats(&sock, false)?;
         } else {
             println!(
                 "request statistics: none (the volume is not mounted; they come from its daemon)"

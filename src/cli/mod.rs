@@ -45,9 +45,18 @@ pub enum Command {
     /// Measure safs beside other filesystems: the tables T1–T7 of
     /// docs/benchmarks.md, with FUSE requests per operation (see --setup).
     Bench(bench::BenchArgs),
+    /// Convert an unmounted volume's metadata to the schema this safs
+    /// writes (PostgreSQL volumes made by an earlier safs).
+    Upgrade(UpgradeArgs),
     /// Write the manual pages into a directory (scripts/run.sh installs them).
     #[command(hide = true)]
     Man(man::ManArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct UpgradeArgs {
+    /// The volume directory.
+    pub volume: PathBuf,
 }
 
 #[derive(clap::Args, Debug)]
@@ -66,6 +75,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             | Command::Format(_)
             | Command::Sync(_)
             | Command::Passwd(_)
+            | Command::Upgrade(_)
     ) {
         safs::process::default_sigpipe();
     }
@@ -85,10 +95,15 @@ fn run_plain(command: Command) -> anyhow::Result<()> {
         Command::Bench(a) => bench::run(a),
         Command::Man(a) => man::run(a),
         Command::Sync(a) => {
-            let (vol, _) = info::resolve(&a.path)?;
-            safs::control::request(&vol, "sync")?;
+            let (vol, mountpoint) = info::resolve(&a.path)?;
+            let sock = match mountpoint {
+                Some(m) => safs::control::socket_path_at(&vol, &std::fs::canonicalize(m)?),
+                None => safs::control::socket_for(&vol),
+            };
+            safs::control::request_at(&sock, "sync")?;
             Ok(())
         }
+        Command::Upgrade(a) => upgrade(&a.volume),
     }
 }
 
@@ -141,4 +156,34 @@ pub fn run_mount_helper(args: Vec<String>) -> anyhow::Result<()> {
         passphrase_file: None,
         daemon_child: false,
     })
+}
+
+/// `safs upgrade`: the volume's metadata to this build's schema, with the
+/// volume's lock held (no daemon or fsck on this host meanwhile; the
+/// engine refuses while one serves it from elsewhere).
+fn upgrade(volume: &Path) -> anyhow::Result<()> {
+    use safs::core::volume::{Layout, VolumeLock};
+    let layout = Layout::new(volume);
+    if !layout.is_volume() {
+        anyhow::bail!("{} is not a safs volume", volume.display());
+    }
+    let _lock = VolumeLock::acquire(&layout).map_err(|e| match e {
+        safs::core::volume::VolumeError::Busy(who) => {
+            anyhow::anyhow!("volume {} is {who}; unmount it first", volume.display())
+        }
+        e => e.into(),
+    })?;
+    match safs::meta::upgrade(&layout.meta())
+        .map_err(|e| anyhow::anyhow!("cannot upgrade {}: {e}", volume.display()))?
+    {
+        None => println!("{}: nothing to upgrade", volume.display()),
+        Some((from, to)) if from == to => {
+            println!("{}: schema version {to} already", volume.display())
+        }
+        Some((from, to)) => println!(
+            "{}: schema version {from} upgraded to {to}",
+            volume.display()
+        ),
+    }
+    Ok(())
 }

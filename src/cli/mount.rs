@@ -41,7 +41,7 @@ pub struct MountArgs {
     /// Mount options, comma-separated: allow_other, ro, sync, dirsync,
     /// passthrough, nopassthrough, nonempty, dev, suid, noexec,
     /// nosymfollow, relatime (default), noatime, strictatime, nodiratime,
-    /// commit_ms=N, threads=N, cache_mb=N (inode cache budget, default 256),
+    /// commit_ms=N (default 5, 2 on PostgreSQL volumes), threads=N, cache_mb=N (inode cache budget, default 256),
     /// meta_timeout=SECONDS (how long a metadata call waits for a
     /// PostgreSQL server it cannot reach before it fails, default 30),
     /// transport=auto|uring|dev (FUSE over io_uring when the kernel offers
@@ -75,7 +75,9 @@ struct MountOpts {
     exec: bool,
     symfollow: bool,
     atime: Atime,
-    commit_ms: u64,
+    /// `None`: 5 ms, or 2 ms on volumes several daemons serve (another
+    /// mount sees a change once it is committed).
+    commit_ms: Option<u64>,
     /// Seconds a metadata call waits for an unreachable database.
     meta_timeout: u64,
     threads: usize,
@@ -125,7 +127,7 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
         exec: true,
         symfollow: true,
         atime: Atime::default(),
-        commit_ms: 5,
+        commit_ms: None,
         meta_timeout: safs::meta::postgres::OUTAGE_WAIT.as_secs(),
         threads: 4,
         cache_mb: 256,
@@ -175,8 +177,9 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
             "nodiratime" => o.atime.no_dirs = true,
             "diratime" => o.atime.no_dirs = false,
             "commit_ms" => {
-                o.commit_ms = num(val)?;
-                if !(1..=10_000).contains(&o.commit_ms) {
+                let ms = num(val)?;
+                o.commit_ms = Some(ms);
+                if !(1..=10_000).contains(&ms) {
                     bail!("commit_ms must be 1..=10000");
                 }
             }
@@ -355,17 +358,25 @@ pub fn run(a: MountArgs) -> anyhow::Result<()> {
     }
 }
 
+/// The volume directory's lock as a mount holds it: shared on volumes
+/// several daemons serve (their engine keeps them apart), else exclusive.
+fn lock_volume(layout: &Layout) -> Result<VolumeLock, volume::VolumeError> {
+    if safs::control::is_shared(&layout.root) {
+        VolumeLock::acquire_shared(layout)
+    } else {
+        VolumeLock::acquire(layout)
+    }
+}
+
 /// Fails, saying who holds it, when the volume's lock is held (waiting
 /// first if its holder is a daemon finishing after an unmount).
 fn check_free(volume: &Path) -> anyhow::Result<()> {
-    drop(
-        VolumeLock::acquire(&Layout::new(volume)).map_err(|e| match e {
-            volume::VolumeError::Busy(who) => {
-                anyhow::anyhow!("volume {} is {who}", volume.display())
-            }
-            e => e.into(),
-        })?,
-    );
+    drop(lock_volume(&Layout::new(volume)).map_err(|e| match e {
+        volume::VolumeError::Busy(who) => {
+            anyhow::anyhow!("volume {} is {who}", volume.display())
+        }
+        e => e.into(),
+    })?);
     Ok(())
 }
 
@@ -499,13 +510,14 @@ fn serve(
     } else {
         init_logging(None);
     }
-    let mut lock = VolumeLock::acquire(&layout)?;
+    let mut lock = lock_volume(&layout)?;
     let (engine, sb) = volume::open_store(volume)?;
     engine.set_outage_wait(std::time::Duration::from_secs(o.meta_timeout));
-    // A database shared between machines: no other daemon anywhere may
-    // serve the volume (the directory lock only covers this machine).
+    // A database shared between machines: join the daemons serving the
+    // volume (refused while fsck holds it); an engine that is not shared
+    // has the directory lock alone.
     engine
-        .claim(&safs::meta::Session::of_this_process(
+        .join(&safs::meta::Session::of_this_process(
             mountpoint.display().to_string(),
         ))
         .map_err(|e| anyhow::anyhow!("cannot mount {}: {e}", volume.display()))?;
@@ -519,7 +531,13 @@ fn serve(
         engine,
         sb,
         Options {
-            commit_interval: std::time::Duration::from_millis(o.commit_ms),
+            commit_interval: std::time::Duration::from_millis(o.commit_ms.unwrap_or(
+                if safs::control::is_shared(volume) {
+                    2
+                } else {
+                    5
+                },
+            )),
             sync: o.sync,
             dirsync: o.dirsync,
             atime: o.atime,
@@ -534,7 +552,7 @@ fn serve(
     let fs = Arc::new(fs);
 
     let stats = Arc::new(safs::fuse::stats::Stats::default());
-    safs::control::serve(volume, Arc::clone(&fs), Arc::clone(&stats))
+    safs::control::serve(volume, mountpoint, Arc::clone(&fs), Arc::clone(&stats))
         .context("cannot open the control socket")?;
     let mut session = Session::mount(Arc::clone(&fs), mountpoint, &o.session(volume), stats)
         .map_err(|e| {
@@ -597,7 +615,7 @@ fn serve(
     sig_handle.close();
     // `destroy` committed the last batch; make sure even if it was not sent.
     let close = fs.close();
-    let _ = std::fs::remove_file(safs::control::socket_path(volume));
+    let _ = std::fs::remove_file(safs::control::socket_path_at(volume, mountpoint));
     drop(lock);
     tracing::info!("unmounted");
     res.context("FUSE session failed")?;
@@ -647,6 +665,10 @@ pub fn remount(mountpoint: &Path, options: &[String]) -> anyhow::Result<()> {
     } else {
         "diratime"
     };
-    safs::control::request(&volume, &format!("atime {mode} {dirs}"))?;
+    let mountpoint = std::fs::canonicalize(mountpoint)?;
+    safs::control::request_at(
+        &safs::control::socket_path_at(&volume, &mountpoint),
+        &format!("atime {mode} {dirs}"),
+    )?;
     Ok(())
 }

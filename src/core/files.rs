@@ -58,6 +58,14 @@ impl Fs {
         if mode.truncate {
             self.load_creds_for_set_ids(ctx, ino);
         }
+        let h = self.open_locked(ctx, ino, mode)?;
+        // Not under the ticket's lease: flushing takes the lease itself.
+        drop(_space);
+        self.flush_atimes();
+        Ok(h)
+    }
+
+    fn open_locked(&self, ctx: &Ctx, ino: u64, mode: OpenMode) -> Result<Arc<Handle>> {
         let mut st = self.state.lock();
         let mut inode = self.inode(&mut st, ino)?;
         if inode.is_dir() {
@@ -162,6 +170,12 @@ impl Fs {
         let Some(h) = self.handles.lock().remove(&fh) else {
             return Err(CoreError::BadHandle);
         };
+        // A writer's close records the size: a change, under the lease.
+        let _lease = if h.writable {
+            Some(self.store.lease()?)
+        } else {
+            None
+        };
         let mut st = self.state.lock();
         let mut w = Vec::new();
         let closed = st.close_handle(h.ino.0, h.writable);
@@ -175,8 +189,11 @@ impl Fs {
             self.observe_reads(&mut st, h.ino.0, &h.file);
         }
         self.commit(w)?;
+        drop(st);
+        drop(_lease);
+        self.flush_atimes();
         if closed.last {
-            self.maybe_free(&mut st, h.ino.0)?;
+            self.free_if_unused(h.ino.0)?;
         }
         Ok(())
     }

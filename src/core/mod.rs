@@ -20,6 +20,7 @@ pub mod error;
 mod files;
 pub mod ids;
 mod namespace;
+mod shared;
 mod state;
 mod store;
 pub mod tiers;
@@ -43,6 +44,7 @@ pub use error::{CoreError, Result};
 pub use files::{Handle, OpenMode};
 pub use ids::{Cookie, Fh, Generation, Ino};
 pub use namespace::{DirEntry, RenameFlags, SetAttr, Statfs, TimeSet};
+pub use shared::{Inval, KernelInval};
 pub use store::Health;
 
 use crate::format::inode::Inode;
@@ -215,6 +217,8 @@ pub struct Fs {
     /// The mount's atime rules; a remount changes them.
     atime: Mutex<Atime>,
     closed: std::sync::atomic::AtomicBool,
+    /// Shared volumes: where kernel invalidations go (see `shared`).
+    kernel: std::sync::OnceLock<KernelInval>,
 }
 
 impl Fs {
@@ -287,6 +291,7 @@ impl Fs {
             next_fh: AtomicU64::new(1),
             atime: Mutex::new(atime),
             closed: std::sync::atomic::AtomicBool::new(false),
+            kernel: std::sync::OnceLock::new(),
         };
         fs.recover()?;
         Ok(fs)
@@ -315,7 +320,17 @@ impl Fs {
         if self.closed.swap(true, std::sync::atomic::Ordering::SeqCst) {
             return Ok(());
         }
-        self.set_mount_state(true);
+        if !self.opts.read_only {
+            // Clean only if no other daemon still serves the volume.
+            match self.store.lease() {
+                Ok(_lease) => {
+                    if self.alone() {
+                        self.set_mount_state(true);
+                    }
+                }
+                Err(e) => tracing::error!(error = %e, "cannot record a clean unmount"),
+            }
+        }
         self.store.close()
     }
 
@@ -325,7 +340,13 @@ impl Fs {
     /// writes reach backing files before the batch that records them — and
     /// delete backing files whose creating batch never committed. Then
     /// record "mounted", durably, before serving.
+    ///
+    /// On a shared volume, under the write lease: the recovery runs when a
+    /// daemon died (or this one is alone and the last did not stop
+    /// cleanly), and only the orphans of dead sessions (and untagged ones,
+    /// alone) are reclaimed; other daemons' open files are theirs.
     fn recover(&self) -> Result<()> {
+        let _lease = self.store.lease()?;
         let unclean = match self.store.get(keys::MOUNT_STATE)? {
             Some(rec) => {
                 let m = MountState::decode(&rec)
@@ -334,21 +355,47 @@ impl Fs {
             }
             None => None,
         };
+        // Markers of early builds (open-for-writing) are retired.
+        self.scan_keys(keys::P_WRITING, |k| {
+            self.store.apply(vec![(k.to_vec(), None)]);
+            Ok(())
+        })?;
+        self.reclaim(unclean)?;
+        self.set_mount_state(false);
+        self.store.sync()
+    }
+
+    /// Reclaims inodes unlinked while open by daemons gone (this volume's
+    /// last daemon, or on a shared volume the sessions that died) and, if
+    /// one stopped uncleanly (`unclean`: since when), reconciles sizes with
+    /// backing files. On a shared volume: under the write lease, and the
+    /// dead sessions are forgotten once that is durable.
+    fn reclaim(&self, mut unclean: Option<i64>) -> Result<()> {
+        let plan = if self.is_shared() {
+            let plan = self.shared_recovery_plan(unclean)?;
+            unclean = plan.unclean_since;
+            Some(plan)
+        } else {
+            None
+        };
         let mut st = self.state.lock();
         let mut reclaimed = 0u64;
-        self.scan_keys(keys::P_ORPHAN, |k| {
+        self.scan_pairs(keys::P_ORPHAN, |k, v| {
             let ino = keys::key_ino(k).ok_or_else(|| {
                 CoreError::corrupt(k, crate::format::FormatError::Malformed("short key"))
             })?;
+            if let Some(plan) = &plan {
+                let tag = crate::format::dirent::decode_orphan(k, v)
+                    .map_err(|e| CoreError::corrupt(k, e))?;
+                // Still open here: freed when this daemon lets go of it.
+                if !plan.reclaims(tag) || st.referenced(ino) {
+                    return Ok(());
+                }
+            }
             let mut w = Vec::new();
             let unlink = self.free_inode(&mut st, &mut w, ino)?;
             self.store.apply_then_unlink(w, unlink);
             reclaimed += 1;
-            Ok(())
-        })?;
-        // Markers of early builds (open-for-writing) are retired.
-        self.scan_keys(keys::P_WRITING, |k| {
-            self.store.apply(vec![(k.to_vec(), None)]);
             Ok(())
         })?;
         if reclaimed > 0 {
@@ -362,8 +409,11 @@ impl Fs {
             tracing::info!(fixed, stray, "recovery done");
         }
         drop(st);
-        self.set_mount_state(false);
-        self.store.sync()
+        if let Some(plan) = &plan {
+            self.store.sync()?;
+            self.bury(plan)?;
+        }
+        Ok(())
     }
 
     fn set_mount_state(&self, clean: bool) {
@@ -378,6 +428,11 @@ impl Fs {
 
     /// Calls `f` for every key under `prefix`, in pages.
     fn scan_keys(&self, prefix: u8, mut f: impl FnMut(&[u8]) -> Result<()>) -> Result<()> {
+        self.scan_pairs(prefix, |k, _| f(k))
+    }
+
+    /// Calls `f` for every pair under `prefix`, in pages.
+    fn scan_pairs(&self, prefix: u8, mut f: impl FnMut(&[u8], &[u8]) -> Result<()>) -> Result<()> {
         let (mut start, end) = keys::prefix_range(prefix);
         loop {
             let page = self.store.scan(&start, &end, 1024)?;
@@ -386,8 +441,8 @@ impl Fs {
             };
             start = last.clone();
             start.push(0);
-            for (k, _) in &page {
-                f(k)?;
+            for (k, v) in &page {
+                f(k, v)?;
             }
         }
     }
@@ -617,9 +672,9 @@ impl Fs {
     /// FUSE `forget`: the kernel dropped `n` references to `ino`.
     pub fn forget(&self, ino: Ino, n: u64) {
         let ino = ino.0;
-        let mut st = self.state.lock();
-        if st.forget(ino, n) {
-            if let Err(e) = self.maybe_free(&mut st, ino) {
+        let gone = self.state.lock().forget(ino, n);
+        if gone {
+            if let Err(e) = self.free_if_unused(ino) {
                 tracing::error!(ino, error = %e, "could not free forgotten inode");
             }
         }
@@ -658,6 +713,20 @@ impl Fs {
     /// Moves `ino`'s atime to `at` if the mount's rules say a read then
     /// does. Not while commits fail (an access time is not worth an error).
     fn touch_atime(&self, st: &mut State, ino: u64, at: Timestamp) -> Result<()> {
+        if self.is_shared() {
+            // Written under the write lease, once the caller lets go of the
+            // state lock (`flush_atimes`).
+            let c = self.load(st, ino)?;
+            if self.atime().due(&c.inode, at) {
+                st.atimes_due().push((ino, at));
+            }
+            return Ok(());
+        }
+        self.touch_atime_now(st, ino, at)
+    }
+
+    /// [`Fs::touch_atime`] itself: under the write lease on shared volumes.
+    fn touch_atime_now(&self, st: &mut State, ino: u64, at: Timestamp) -> Result<()> {
         let rules = self.atime();
         let c = self.load(st, ino)?;
         if !rules.due(&c.inode, at) || self.store.healthy().is_err() {
@@ -678,7 +747,10 @@ impl Fs {
             return Ok(());
         }
         let mut st = self.state.lock();
-        self.touch_atime(&mut st, ino, Timestamp::now())
+        let res = self.touch_atime(&mut st, ino, Timestamp::now());
+        drop(st);
+        self.flush_atimes();
+        res
     }
 
     /// Brings a regular file's size, blocks and mtime up to date from its

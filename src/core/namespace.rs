@@ -228,7 +228,11 @@ impl Fs {
         inode.ctime = now;
         if inode.nlink == 0 {
             let k = keys::orphan(ino);
-            work.writes.push((k.to_vec(), Some(encode_marker(&k))));
+            let marker = match self.session_id() {
+                0 => encode_marker(&k),
+                session => crate::format::dirent::encode_orphan(&k, session),
+            };
+            work.writes.push((k.to_vec(), Some(marker)));
         }
         Ok(())
     }
@@ -687,6 +691,23 @@ impl Fs {
             .ok_or(CoreError::NotFound)?;
         let dst = self.dirent(&mut st, newparent, newname)?;
         let is_dir = |k: u8| u32::from(k) << 12 == S_IFDIR;
+        // A directory cannot move under itself. The kernel checks this for
+        // its own mount; another daemon of a shared volume may have moved
+        // things since this kernel looked, so the daemon checks too.
+        if parent != newparent {
+            if is_dir(src.kind) && self.is_ancestor(&mut st, src.ino, newparent)? {
+                return Err(CoreError::Invalid);
+            }
+            if let Some(d) = dst.as_ref().filter(|d| is_dir(d.kind)) {
+                if flags.exchange && self.is_ancestor(&mut st, d.ino, parent)? {
+                    return Err(CoreError::Invalid);
+                }
+                // The target is an ancestor of the source.
+                if !flags.exchange && self.is_ancestor(&mut st, d.ino, parent)? {
+                    return Err(CoreError::NotEmpty);
+                }
+            }
+        }
         let now = Timestamp::now();
         if flags.exchange {
             let dst = dst.clone().ok_or(CoreError::NotFound)?;
@@ -773,6 +794,29 @@ impl Fs {
             }
         }
         Ok(())
+    }
+
+    /// Whether directory `dir` is `ino` or one of its ancestors (walking
+    /// up the parent pointers of directory inodes).
+    fn is_ancestor(&self, st: &mut State, dir: u64, mut ino: u64) -> Result<bool> {
+        // Bounded: a damaged volume with a loop must not hang the daemon.
+        for _ in 0..4096 {
+            if ino == dir {
+                return Ok(true);
+            }
+            if ino == crate::core::volume::ROOT_INO {
+                return Ok(false);
+            }
+            let up = self.inode(st, ino)?.parent;
+            if up == ino || up == 0 {
+                return Ok(false);
+            }
+            ino = up;
+        }
+        Err(CoreError::corrupt(
+            &keys::inode(ino),
+            crate::format::FormatError::Malformed("directory parents loop"),
+        ))
     }
 
     /// Puts a whiteout named `name` in `parent`: a character device 0/0

@@ -75,6 +75,8 @@ pub(super) struct State {
     /// Directory views (see `dircache`), changed with the entries under
     /// this same lock.
     dirs: DirCache,
+    /// Shared volumes: access times due, waiting for the write lease.
+    atimes_due: Vec<(u64, crate::format::inode::Timestamp)>,
 }
 
 impl State {
@@ -93,6 +95,7 @@ impl State {
             open: HashMap::new(),
             broken: 0,
             dirs: DirCache::new(dircache_budget),
+            atimes_due: Vec::new(),
         }
     }
 
@@ -220,6 +223,16 @@ impl State {
         &self.counters
     }
 
+    /// The counters as the store holds them (another daemon changed them).
+    pub fn set_counters(&mut self, c: Counters) {
+        self.counters = c;
+    }
+
+    /// Access times due on a shared volume, to write under the lease.
+    pub fn atimes_due(&mut self) -> &mut Vec<(u64, crate::format::inode::Timestamp)> {
+        &mut self.atimes_due
+    }
+
     /// The inode number the next new inode gets (not yet taken).
     pub fn next_ino(&self) -> u64 {
         self.counters.next_ino
@@ -260,6 +273,19 @@ impl State {
             self.lookups.insert(ino, left);
             false
         }
+    }
+
+    /// Whether the kernel may cache `ino` (it looked it up, or it is the
+    /// root, which it holds without a lookup).
+    pub fn is_known(&self, ino: u64) -> bool {
+        ino == crate::core::volume::ROOT_INO || self.lookups.contains_key(&ino)
+    }
+
+    /// Every inode the kernel may cache.
+    pub fn referenced_inodes(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self.lookups.keys().copied().collect();
+        v.push(crate::core::volume::ROOT_INO);
+        v
     }
 
     /// Whether the kernel or an open handle still refers to `ino`.

@@ -30,6 +30,19 @@
 //! can always be freed. The committer tops the hold up after each commit,
 //! off the request path.
 //!
+//! Volumes several daemons serve (`meta::Shared`): an operation that
+//! changes metadata first takes the volume's write lease ([`Store::lease`];
+//! admission does), which brings this daemon's caches up to date with
+//! every other daemon's commits ([`Store::on_changes`]) before it reads
+//! anything it decides on. The lease stays while operations run under it
+//! or their writes wait to be committed — so group commit works as on one
+//! machine — and goes back once they are committed and nothing else runs,
+//! or after [`LEASE_TURN`] of holding it, so that daemons take turns. A
+//! commit under a lease that was lost meanwhile (its connection cut, and
+//! another daemon committed) is refused by the engine: the batch is
+//! dropped as a crash would drop it, what waited for it fails with EIO,
+//! and every cache is dropped.
+//!
 //! Failure contract: if a commit fails anyway (an I/O error, a filesystem
 //! that does not honour preallocation), the batch stays pending and is
 //! retried until it commits; meanwhile every new change is refused (ENOSPC
@@ -48,7 +61,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::error::{CoreError, Result};
-use crate::meta::{Followed, MetaError, MetaStore, Write};
+use crate::meta::{Changes, Followed, MetaError, MetaStore, Write};
 
 type Map = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
@@ -67,6 +80,44 @@ pub const REMOVAL_OPS: u64 = 2;
 const ADMIT_WAIT: Duration = Duration::from_secs(2);
 /// Longest key safs writes (a prefix, an inode number and a 255-byte name).
 const KEY_MAX: usize = 512;
+/// How long a daemon keeps the write lease of a shared volume while it
+/// stays busy, before it lets the next daemon have a turn.
+pub const LEASE_TURN: Duration = Duration::from_millis(100);
+
+/// The write lease of a shared volume, as this daemon holds it.
+#[derive(Default)]
+struct Lease {
+    held: bool,
+    /// Being taken or given back: others wait.
+    moving: bool,
+    /// Held for its turn: no new operation starts under it, and it goes
+    /// back once what ran under it is committed.
+    draining: bool,
+    since: Option<Instant>,
+    /// Operations running under it (their guards are alive).
+    running: u32,
+    /// The newest epoch this daemon's caches reflect.
+    seen: u64,
+}
+
+/// What a caller holds while an operation runs under the write lease.
+#[must_use]
+pub struct LeaseGuard<'a> {
+    store: Option<&'a Store>,
+}
+
+impl Drop for LeaseGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(store) = self.store {
+            store.lease.lock().running -= 1;
+            store.maybe_release();
+        }
+    }
+}
+
+/// What the core does with other daemons' changes: drops what it caches of
+/// the keys (all of it when `keys` is `None`), then tells the kernel.
+pub type OnChanges = Box<dyn Fn(&Changes) + Send + Sync>;
 
 /// How much space the store keeps held ahead of its commits.
 #[derive(Clone, Copy, Debug)]
@@ -112,6 +163,9 @@ struct Overlay {
     /// What the engine held when last asked, under this lock (so that a
     /// commit finishing meanwhile is never counted twice in its favour).
     held: u64,
+    /// Operations (sequence numbers, inclusive) dropped with a batch whose
+    /// write lease was lost: waiting for them fails.
+    lost: Option<(u64, u64)>,
 }
 
 impl Overlay {
@@ -142,6 +196,7 @@ pub enum Admit {
 pub struct Ticket<'a> {
     store: &'a Store,
     bytes: u64,
+    _lease: LeaseGuard<'a>,
 }
 
 impl Drop for Ticket<'_> {
@@ -186,6 +241,10 @@ pub struct Store {
     hold: Option<HoldPolicy>,
     /// [`Store::close`] gives up on changes it cannot commit.
     abandon: AtomicBool,
+    /// Shared volumes: the write lease (lock order: before `overlay`).
+    lease: Mutex<Lease>,
+    lease_moved: Condvar,
+    on_changes: std::sync::OnceLock<OnChanges>,
 }
 
 impl From<Failure> for CoreError {
@@ -229,6 +288,7 @@ impl Store {
                 committing_need: 0,
                 promised: 0,
                 held,
+                lost: None,
             }),
             work: Condvar::new(),
             done: Condvar::new(),
@@ -236,6 +296,9 @@ impl Store {
             committer: Mutex::new(None),
             hold,
             abandon: AtomicBool::new(false),
+            lease: Mutex::new(Lease::default()),
+            lease_moved: Condvar::new(),
+            on_changes: std::sync::OnceLock::new(),
         });
         let s = Arc::clone(&store);
         let handle = std::thread::Builder::new()
@@ -378,6 +441,12 @@ impl Store {
     /// Applies one operation's writes atomically to the pending batch and
     /// returns its sequence number (for [`Store::wait_durable`]).
     pub fn apply(&self, writes: Vec<Write>) -> u64 {
+        if self.engine.shared().is_some() && !writes.is_empty() && !self.lease.lock().held {
+            // A path that changes metadata without taking the lease: a bug.
+            // Its batch will be refused (`MetaError::LeaseLost`), not applied.
+            tracing::error!("INTERNAL ERROR: a change applied without the write lease");
+            debug_assert!(false, "a change applied without the write lease");
+        }
         let mut ov = self.overlay.lock();
         if writes.is_empty() {
             // Nothing to make durable: the newest sequence number covers it.
@@ -422,10 +491,12 @@ impl Store {
     /// the module comment). Hold the ticket until the operation's writes
     /// are applied.
     pub fn admit(&self, kind: Admit) -> Result<Ticket<'_>> {
+        let lease = self.lease()?;
         let Some(h) = self.hold else {
             return Ok(Ticket {
                 store: self,
                 bytes: 0,
+                _lease: lease,
             });
         };
         let op = self.op_bound(&h);
@@ -446,6 +517,7 @@ impl Store {
                 return Ok(Ticket {
                     store: self,
                     bytes: op,
+                    _lease: lease,
                 });
             }
             // Ask for more, without the overlay lock (fallocate takes time);
@@ -475,6 +547,128 @@ impl Store {
                 return Err(CoreError::NoSpace);
             }
         }
+    }
+
+    /// The engine under the overlay.
+    pub fn engine(&self) -> &dyn MetaStore {
+        self.engine.as_ref()
+    }
+
+    /// Whether the volume is shared with other daemons.
+    pub fn is_shared(&self) -> bool {
+        self.engine.shared().is_some()
+    }
+
+    /// Sets what to do with other daemons' changes (once, before serving).
+    pub fn on_changes(&self, f: OnChanges) {
+        let _ = self.on_changes.set(f);
+    }
+
+    fn changed(&self, ch: &Changes) {
+        if let Some(f) = self.on_changes.get() {
+            f(ch);
+        }
+    }
+
+    /// Runs the caller's operation under the write lease of a shared
+    /// volume, taking it (and catching up with other daemons' commits)
+    /// first if this daemon does not hold it; on other volumes, nothing.
+    /// Call it before reading anything the change depends on, and without
+    /// the core's state lock (catching up takes it).
+    pub fn lease(&self) -> Result<LeaseGuard<'_>> {
+        let Some(shared) = self.engine.shared() else {
+            return Ok(LeaseGuard { store: None });
+        };
+        let mut l = self.lease.lock();
+        loop {
+            if l.held && !l.draining {
+                if l.since.is_some_and(|t| t.elapsed() >= LEASE_TURN) {
+                    // Its turn is over: commit what ran, then give it back.
+                    l.draining = true;
+                    let mut ov = self.overlay.lock();
+                    ov.urgent = true;
+                    self.work.notify_one();
+                    drop(ov);
+                    drop(l);
+                    self.maybe_release();
+                    l = self.lease.lock();
+                    continue;
+                }
+                l.running += 1;
+                return Ok(LeaseGuard { store: Some(self) });
+            }
+            if l.held || l.moving {
+                self.lease_moved.wait(&mut l);
+                continue;
+            }
+            l.moving = true;
+            let seen = l.seen;
+            drop(l);
+            let res = shared.lease(seen).map(|ch| {
+                self.changed(&ch);
+                ch.epoch
+            });
+            l = self.lease.lock();
+            l.moving = false;
+            self.lease_moved.notify_all();
+            let epoch = res?;
+            l.held = true;
+            l.since = Some(Instant::now());
+            l.seen = l.seen.max(epoch);
+        }
+    }
+
+    /// The doorbell rang: another daemon committed up to `epoch`. Catches
+    /// up unless this daemon's caches already reflect it.
+    pub fn rang(&self, epoch: u64) {
+        let Some(shared) = self.engine.shared() else {
+            return;
+        };
+        let seen = {
+            let l = self.lease.lock();
+            // Under the lease nobody else commits; the lease caught up.
+            if l.seen >= epoch || l.held {
+                return;
+            }
+            l.seen
+        };
+        match shared.changes(seen) {
+            Ok(ch) => {
+                self.changed(&ch);
+                let mut l = self.lease.lock();
+                l.seen = l.seen.max(ch.epoch);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read other mounts' changes; retrying at the next doorbell")
+            }
+        }
+    }
+
+    /// Gives the lease back if nothing runs under it and everything that
+    /// ran is committed, and it is draining or there is nothing left to do.
+    fn maybe_release(&self) {
+        let Some(shared) = self.engine.shared() else {
+            return;
+        };
+        let mut l = self.lease.lock();
+        if !l.held || l.running > 0 {
+            return;
+        }
+        {
+            let ov = self.overlay.lock();
+            if !ov.pending.is_empty() || !ov.committing.is_empty() {
+                return;
+            }
+        }
+        l.held = false;
+        l.draining = false;
+        l.moving = true;
+        drop(l);
+        let reached = shared.release();
+        let mut l = self.lease.lock();
+        l.seen = l.seen.max(reached);
+        l.moving = false;
+        self.lease_moved.notify_all();
     }
 
     /// Refuses new changes while commits fail (for paths that change data,
@@ -530,7 +724,13 @@ impl Store {
     /// Blocks until every operation up to `seq` is durable.
     pub fn wait_durable(&self, seq: u64) -> Result<()> {
         let mut ov = self.overlay.lock();
-        while ov.durable_seq < seq {
+        loop {
+            if ov.lost.is_some_and(|(from, to)| (from..=to).contains(&seq)) {
+                return Err(CoreError::Io(std::io::Error::from_raw_os_error(libc::EIO)));
+            }
+            if ov.durable_seq >= seq {
+                break;
+            }
             if let Some(f) = ov.failure {
                 return Err(f.into());
             }
@@ -650,6 +850,33 @@ impl Store {
                         }
                     }
                 }
+                Err(MetaError::LeaseLost(why)) => {
+                    // Computed on a view another daemon has changed since:
+                    // committing it later could corrupt the volume. Dropped,
+                    // as a crash would drop it (nothing fsync acknowledged).
+                    let records = batch.len() + ov.pending.len();
+                    tracing::error!(
+                        records,
+                        "the write lease was lost ({why}): dropping the changes not yet committed, as a crash would; reloading everything from the database"
+                    );
+                    let first = ov.durable_seq + 1;
+                    ov.lost = Some((first, ov.applied_seq));
+                    ov.durable_seq = ov.applied_seq;
+                    ov.pending = Map::new();
+                    ov.pending_unlinks.clear();
+                    ov.pending_bytes = 0;
+                    ov.pending_need = 0;
+                    ov.pending_since = None;
+                    ov.committing = Arc::new(Map::new());
+                    ov.committing_need = 0;
+                    drop(unlinks);
+                    drop(ov);
+                    self.changed(&Changes {
+                        epoch: 0,
+                        keys: None,
+                    });
+                    ov = self.overlay.lock();
+                }
                 Err(e) => {
                     let failure = match e {
                         MetaError::NoSpace => Failure::NoSpace,
@@ -692,6 +919,9 @@ impl Store {
                 }
             }
             self.done.notify_all();
+            drop(ov);
+            self.maybe_release();
+            ov = self.overlay.lock();
             // Top the hold up for the next batches, off the request path
             // (after a failure too: space may have come back).
             if let Some(h) = self.hold {

@@ -89,6 +89,19 @@ pub fn decode_marker(key: &[u8], record: &[u8]) -> Result<(), FormatError> {
     open(key, Kind::Marker, record).map(|_| ())
 }
 
+/// An `O` marker naming the session whose daemon held the file open, on
+/// volumes several daemons serve: only that session's end reclaims it.
+pub fn encode_orphan(key: &[u8], session: u64) -> Vec<u8> {
+    seal(key, Kind::Marker, &session.to_be_bytes())
+}
+
+/// The session an `O` marker names (`None`: an untagged marker, written by
+/// the only daemon of its volume).
+pub fn decode_orphan(key: &[u8], record: &[u8]) -> Result<Option<u64>, FormatError> {
+    let body = open(key, Kind::Marker, record)?;
+    Ok(<[u8; 8]>::try_from(body).ok().map(u64::from_be_bytes))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,6 +35,10 @@ use zerocopy::IntoBytes;
 
 /// Entry and attribute lifetime in the kernel's caches.
 pub const TTL: Duration = Duration::from_secs(3600);
+/// The same on a volume other daemons also serve: their changes reach this
+/// kernel by invalidations (`core::shared`), and this bounds how long a
+/// reply racing with one can keep something stale.
+pub const SHARED_TTL: Duration = Duration::from_secs(1);
 
 /// Flags for every opened regular file. `FOPEN_NOFLUSH`: no FLUSH request
 /// on close — safs has nothing to do then (no write-back cache; POSIX locks
@@ -112,9 +116,35 @@ impl SafsFuse {
     }
 
     /// Gives the adapter its connection once the session is mounted.
-    pub(crate) fn set_conn(&self, conn: transport::Conn) {
+    pub(crate) fn set_conn(&self, conn: transport::Conn) -> std::io::Result<()> {
         let notifier = conn.notifier();
+        if self.fs.is_shared() {
+            // Other daemons' changes, as invalidations sent from a thread of
+            // their own (see `core::shared` for why).
+            let (tx, rx) = std::sync::mpsc::channel::<Vec<core::Inval>>();
+            let n = notifier.clone();
+            std::thread::Builder::new()
+                .name("safs-inval".into())
+                .spawn(move || {
+                    for batch in rx {
+                        for i in batch {
+                            // ENOENT: the kernel holds nothing of it.
+                            let _ = match i {
+                                core::Inval::Inode(ino) => n.inval_inode(ino, 0, 0),
+                                core::Inval::Entry(p, name) => n.inval_entry(p, &name),
+                            };
+                        }
+                    }
+                })?;
+            let tx = std::sync::Mutex::new(tx);
+            self.fs
+                .follow_others(Box::new(move |batch| {
+                    let _ = tx.lock().map(|t| t.send(batch));
+                }))
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+        }
         let _ = self.conn.set((conn, notifier));
+        Ok(())
     }
 
     fn passthrough(&self) -> bool {
@@ -141,14 +171,19 @@ impl SafsFuse {
         if self.passthrough() && a.open_for_write {
             Duration::ZERO
         } else {
-            TTL
+            self.ttl()
         }
+    }
+
+    /// How long the kernel may keep entries and attributes.
+    fn ttl(&self) -> Duration {
+        if self.fs.is_shared() { SHARED_TTL } else { TTL }
     }
 
     fn entry_of(&self, a: &core::Attr) -> Entry {
         Entry {
             attr_ttl: self.attr_ttl(a),
-            entry_ttl: TTL,
+            entry_ttl: self.ttl(),
             attr: file_attr(a),
             generation: a.generation.0,
         }
@@ -300,7 +335,8 @@ impl SafsFuse {
                     // costs one LOOKUP, and repeated probes of absent names
                     // none.
                     Err(CoreError::NotFound) => {
-                        let out = enc::entry_out(0, 0, TTL, Duration::ZERO, abi::Attr::default());
+                        let out =
+                            enc::entry_out(0, 0, self.ttl(), Duration::ZERO, abi::Attr::default());
                         reply.send(&[out.as_bytes()]);
                     }
                     r => self.entry(reply, r),
@@ -390,7 +426,7 @@ impl SafsFuse {
                         // before a write or truncate drops these attributes
                         // (see `attr_ttl`).
                         let entry = Entry {
-                            attr_ttl: TTL,
+                            attr_ttl: self.ttl(),
                             ..self.entry_of(&a)
                         }
                         .out();

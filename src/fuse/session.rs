@@ -119,7 +119,7 @@ impl Session {
         let status = Arc::clone(&stats.transport);
         let adapter = Arc::new(SafsFuse::new(fs, o.data_path, o.transport, stats));
         let (conn, unmounter) = transport::mount(mountpoint, &o.transport_options())?;
-        adapter.set_conn(conn.clone());
+        adapter.set_conn(conn.clone())?;
         // Per-mount flags mount(2) of FUSE takes apart (relatime,
         // strictatime, nodiratime, nosymfollow): all set with one bind
         // remount.

@@ -108,6 +108,20 @@ pub fn open_read_only(dir: &Path) -> Result<Box<dyn MetaRead>, MetaError> {
     }
 }
 
+/// Converts the metadata in `dir` to the schema this build writes:
+/// `Some((from, to))` for engines with a schema (PostgreSQL), `None` for
+/// those whose format the volume's own version covers (LMDB).
+pub fn upgrade(dir: &Path) -> Result<Option<(i32, i32)>, MetaError> {
+    match EngineKind::detect(dir) {
+        Some(EngineKind::Lmdb) => Ok(None),
+        Some(EngineKind::Postgres) => {
+            let from = PgStore::upgrade(&postgres_conninfo(dir)?)?;
+            Ok(Some((from, postgres::SCHEMA_VERSION)))
+        }
+        None => Err(MetaError::Missing(dir.to_path_buf())),
+    }
+}
+
 /// Creates a new, empty store in `dir` (a volume's `meta` directory). A
 /// PostgreSQL database that already holds a volume is refused unless
 /// `force`.
@@ -163,6 +177,10 @@ pub enum MetaError {
     /// Another daemon (anywhere) serves the volume.
     #[error("the volume is in use by {0}")]
     Claimed(String),
+    /// A commit under a write lease found that another daemon committed
+    /// since the lease was taken: the lease was lost (its connection cut).
+    #[error("the volume's write lease was lost: {0}")]
+    LeaseLost(String),
     /// No engine's files in the directory.
     #[error("{} holds no metadata store", .0.display())]
     Missing(std::path::PathBuf),
@@ -326,6 +344,63 @@ pub trait MetaStore: MetaRead + Send + Sync + 'static {
     fn sessions(&self) -> Result<Vec<SessionRow>, MetaError> {
         Ok(Vec::new())
     }
+
+    /// Joins the daemons serving the volume at once (shared engines): like
+    /// [`MetaStore::claim`], but other mounts may join too, and only an
+    /// exclusive claim (fsck) is refused meanwhile. `Ok(false)`: the engine
+    /// is served by one daemon at a time; claim it instead.
+    fn join(&self, who: &Session) -> Result<bool, MetaError> {
+        let _ = who;
+        Ok(false)
+    }
+
+    /// The shared side of a joined engine (see [`Shared`]).
+    fn shared(&self) -> Option<&dyn Shared> {
+        None
+    }
+}
+
+/// What changed in a volume several daemons serve, since a daemon last
+/// looked: the epoch it has reached (every commit bumps it by one) and the
+/// keys the commits in between wrote, or `None` when the engine no longer
+/// keeps that far back (then everything cached must go).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    pub epoch: u64,
+    pub keys: Option<Vec<Vec<u8>>>,
+}
+
+/// An engine several daemons serve at once (see `docs/multi-mount.md`).
+/// Writers take turns: a daemon changes metadata only while it holds the
+/// volume's write lease, catches up with every commit made before it got
+/// it (so that what it caches is current while it holds it), and its
+/// commits check that no other commit came in between (so that a lease
+/// lost with a connection cannot lose another daemon's update).
+pub trait Shared: Send + Sync {
+    /// Waits for the write lease; returns what changed since `seen`.
+    fn lease(&self, seen: u64) -> Result<Changes, MetaError>;
+    /// Gives the lease back (every commit made under it has returned);
+    /// returns the epoch its last commit reached.
+    fn release(&self) -> u64;
+    /// What changed since `seen`, without the lease.
+    fn changes(&self, seen: u64) -> Result<Changes, MetaError>;
+    /// Calls `ring` with the newest epoch each time another daemon commits
+    /// (a doorbell; also at least once a second while the engine cannot
+    /// tell, so that nothing stays stale for long), from a thread of the
+    /// engine's own, until the engine drops.
+    fn watch(&self, ring: Box<dyn Fn(u64) + Send + Sync>) -> Result<(), MetaError>;
+    /// This daemon's session id (what its orphans are tagged with).
+    fn session_id(&self) -> u64;
+    /// Sessions whose daemons died without leaving (their ids), with the
+    /// oldest time one of them started serving, ns since the epoch.
+    fn dead_sessions(&self) -> Result<Vec<(u64, i64)>, MetaError>;
+    /// The sessions alive now (their ids), this one among them.
+    fn live_sessions(&self) -> Result<Vec<u64>, MetaError>;
+    /// Forgets a dead session, once what it held is reclaimed; false if it
+    /// was not dead (another survivor got there first, or it came back).
+    fn bury(&self, id: u64) -> Result<bool, MetaError>;
+    /// Whether this daemon is the only one serving the volume now.
+    fn alone(&self) -> Result<bool, MetaError>;
 }
 
 /// A daemon serving a volume, as a shared engine records it.

@@ -295,9 +295,16 @@ pub fn lock_state(vol: &Path) -> LockState {
     }
 }
 
-/// The pid the daemon wrote into `<vol>/lock`.
+/// The pid of the daemon serving `vol`: what it wrote into `<vol>/lock`,
+/// or on a volume several daemons may serve (PostgreSQL), the one live
+/// session `safs info` lists.
 #[track_caller]
 pub fn daemon_pid(vol: &Path) -> Pid {
+    if vol.join("meta/postgres.conf").exists() {
+        let live = live_sessions(vol);
+        assert_eq!(live.len(), 1, "one live session expected: {live:?}");
+        return live[0].0;
+    }
     let text = fs::read_to_string(vol.join("lock"))
         .unwrap_or_else(|e| panic!("cannot read {}/lock: {e}", vol.display()));
     let pid: i32 = text
@@ -306,6 +313,37 @@ pub fn daemon_pid(vol: &Path) -> Pid {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("{}/lock does not start with a pid: {text:?}", vol.display()));
     Pid::from_raw(pid)
+}
+
+/// The live sessions of a PostgreSQL volume, as `safs info` lists them:
+/// (daemon pid, mountpoint).
+#[track_caller]
+pub fn live_sessions(vol: &Path) -> Vec<(Pid, String)> {
+    let out = safs(["info".as_ref(), vol.as_os_str()]);
+    assert!(out.success(), "safs info {}: {}", vol.display(), out.stderr);
+    out.stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("session:"))
+        .filter(|l| !l.contains("(gone"))
+        .filter_map(|l| {
+            let rest = l.trim().strip_prefix("pid ")?;
+            let (pid, rest) = rest.split_once(' ')?;
+            let (_, m) = rest.split_once(", mounted on ")?;
+            let (m, _) = m.rsplit_once(", since ")?;
+            Some((Pid::from_raw(pid.parse().ok()?), m.to_string()))
+        })
+        .collect()
+}
+
+/// The pid of the daemon serving PostgreSQL volume `vol` on `mnt`.
+#[track_caller]
+pub fn daemon_pid_at(vol: &Path, mnt: &Path) -> Pid {
+    let mnt = fs::canonicalize(mnt).unwrap().display().to_string();
+    let live = live_sessions(vol);
+    live.iter()
+        .find(|(_, m)| *m == mnt)
+        .unwrap_or_else(|| panic!("no live session on {mnt}: {live:?}"))
+        .0
 }
 
 /// True while a process with this pid exists (and is not a zombie).

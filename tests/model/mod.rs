@@ -560,8 +560,33 @@ pub fn read_tree(mnt: &Path) -> Model {
     m
 }
 
-/// The pid on the first line of `<vol>/lock` (a second line says `mounted`).
+/// The pid on the first line of `<vol>/lock` (a second line says
+/// `mounted`); on a PostgreSQL volume, whose daemons share the lock, the
+/// one live session `safs info` lists.
 pub fn daemon_pid(vol: &Path) -> i32 {
+    if vol.join("meta/postgres.conf").exists() {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_safs"))
+            .arg("info")
+            .arg(vol)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let live: Vec<i32> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("session:"))
+            .filter(|l| !l.contains("(gone"))
+            .filter_map(|l| {
+                l.trim()
+                    .strip_prefix("pid ")?
+                    .split(' ')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        assert_eq!(live.len(), 1, "one live session expected: {text}");
+        return live[0];
+    }
     let text = std::fs::read_to_string(vol.join("lock")).unwrap();
     text.split_whitespace()
         .next()

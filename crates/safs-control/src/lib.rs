@@ -27,6 +27,52 @@ pub fn socket_path(volume: &Path) -> PathBuf {
     volume.join("control.sock")
 }
 
+/// Whether several daemons may serve `volume` at once (its metadata is in
+/// PostgreSQL): then each listens on a socket of its own.
+pub fn is_shared(volume: &Path) -> bool {
+    volume.join("meta").join("postgres.conf").exists()
+}
+
+/// Where the daemon serving `volume` on `mountpoint` (of this host)
+/// listens: [`socket_path`], or on a shared volume `control-<id>.sock`,
+/// the id a hash of host and mountpoint (the volume directory may be on
+/// storage several hosts share).
+pub fn socket_path_at(volume: &Path, mountpoint: &Path) -> PathBuf {
+    if !is_shared(volume) {
+        return socket_path(volume);
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    // FNV-1a: stable across builds, unlike std's hasher.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in host
+        .trim()
+        .bytes()
+        .chain([0])
+        .chain(mountpoint.as_os_str().as_encoded_bytes().iter().copied())
+    {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    volume.join(format!("control-{h:016x}.sock"))
+}
+
+/// Where to reach a daemon serving `volume`: [`socket_path`], or on a
+/// shared volume the one serving its first mount on this host.
+pub fn socket_for(volume: &Path) -> PathBuf {
+    if !is_shared(volume) {
+        return socket_path(volume);
+    }
+    let canonical = std::fs::canonicalize(volume).unwrap_or_else(|_| volume.to_path_buf());
+    let mount = mountinfo::read().ok().and_then(|t| {
+        t.into_iter()
+            .find(|m| m.fstype.starts_with("fuse") && m.source == canonical)
+            .map(|m| m.mountpoint)
+    });
+    match mount {
+        Some(m) => socket_path_at(volume, &m),
+        None => socket_path(volume),
+    }
+}
+
 /// Histogram buckets of [`OpReport::hist`]: bucket `i` counts requests
 /// that took less than `2^i` µs (and at least `2^(i-1)`); the last one
 /// everything slower.
@@ -147,10 +193,15 @@ impl Reply {
     }
 }
 
-/// Sends `cmd` to the daemon serving `volume`; returns its stats if any.
+/// Sends `cmd` to the daemon serving `volume` ([`socket_for`]); returns
+/// its stats if any.
 pub fn request(volume: &Path, cmd: &str) -> anyhow::Result<Option<StatsReply>> {
-    let path = socket_path(volume);
-    let mut conn = UnixStream::connect(&path)
+    request_at(&socket_for(volume), cmd)
+}
+
+/// Sends `cmd` to the daemon listening at `path`.
+pub fn request_at(path: &Path, cmd: &str) -> anyhow::Result<Option<StatsReply>> {
+    let mut conn = UnixStream::connect(path)
         .map_err(|e| anyhow::anyhow!("cannot reach the safs daemon at {}: {e}", path.display()))?;
     conn.set_read_timeout(Some(Duration::from_secs(60)))?;
     conn.write_all(format!("{cmd}\n").as_bytes())?;

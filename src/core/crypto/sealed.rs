@@ -100,6 +100,10 @@ impl MetaStore for SealedStore {
         self.inner.hold(bytes)
     }
 
+    fn shared(&self) -> Option<&dyn crate::meta::Shared> {
+        self.inner.shared()
+    }
+
     fn held(&self) -> u64 {
         self.inner.held()
     }

@@ -18,6 +18,8 @@ use super::{Layout, VolumeError, io_err};
 pub struct VolumeLock {
     /// Unlocked when dropped (and by the kernel when the process exits).
     file: nix::fcntl::Flock<File>,
+    /// Held shared ([`VolumeLock::acquire_shared`]): the file is not ours.
+    shared: bool,
 }
 
 /// How long `acquire` waits for an unmounted daemon to finish and exit.
@@ -50,7 +52,10 @@ impl VolumeLock {
                     // An empty lock file: its holder is between taking the
                     // lock and writing its pid, or between clearing it and
                     // exiting. Either way it is a matter of moments.
-                    let passing = holder.pid.is_empty() && waited < HOLDER_SETTLING;
+                    // (Daemons sharing the volume write no pid: not passing.)
+                    let passing = holder.pid.is_empty()
+                        && waited < HOLDER_SETTLING
+                        && !safs_control::is_shared(&layout.root);
                     let stopping =
                         holder.is_stopping(&layout.root) && waited < STOPPING_DAEMON_WAIT;
                     if !passing && !stopping {
@@ -78,11 +83,43 @@ impl VolumeLock {
         file.set_len(0).map_err(io_err(&path))?;
         file.rewind().map_err(io_err(&path))?;
         let _ = writeln!(file, "{}", std::process::id());
-        Ok(VolumeLock { file })
+        Ok(VolumeLock {
+            file,
+            shared: false,
+        })
+    }
+
+    /// The lock of a volume several daemons serve at once (its metadata in
+    /// PostgreSQL, which keeps them apart): held shared by each daemon on
+    /// this host, so that what needs the volume alone (fsck, passwd,
+    /// format) is refused while any serves it. The file is left as it is.
+    pub fn acquire_shared(layout: &Layout) -> Result<Self, VolumeError> {
+        let path = layout.lock();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockSharedNonblock) {
+            Ok(file) => Ok(VolumeLock { file, shared: true }),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(VolumeError::Busy(
+                Holder::read(layout).describe(&layout.root),
+            )),
+            Err((_, e)) => Err(VolumeError::Io {
+                path,
+                source: std::io::Error::from(e),
+            }),
+        }
     }
 
     /// Records that the mount is live (see the type's comment).
     pub fn set_mounted(&mut self) {
+        if self.shared {
+            return;
+        }
         let _ = self.file.seek(std::io::SeekFrom::End(0));
         let _ = writeln!(self.file, "mounted");
     }
@@ -126,6 +163,15 @@ impl Holder {
     /// Who holds the lock, for a "busy" message: the daemon's pid and where
     /// the volume is mounted.
     fn describe(&self, dir: &Path) -> String {
+        if self.pid.is_empty() && safs_control::is_shared(dir) {
+            return match mountpoint_of(dir) {
+                Some(m) => format!(
+                    "mounted on {} (and maybe elsewhere: `safs info` lists the daemons)",
+                    m.display()
+                ),
+                None => "in use by safs daemons or fsck (`safs info` lists them)".into(),
+            };
+        }
         let pid = if self.pid.is_empty() {
             "of unknown pid"
         } else {
@@ -174,6 +220,8 @@ pub fn is_mounted(dir: &Path) -> bool {
 
 impl Drop for VolumeLock {
     fn drop(&mut self) {
-        let _ = self.file.set_len(0);
+        if !self.shared {
+            let _ = self.file.set_len(0);
+        }
     }
 }

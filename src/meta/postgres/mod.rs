@@ -23,13 +23,21 @@
 //! lost is safe: a batch writes whole values and deletes, so applying it
 //! twice is applying it once.
 //!
-//! One daemon at a time serves a volume, wherever it runs ([`PgStore::claim`]):
-//! its claim is a session-level advisory lock, held on a connection of its
-//! own for the daemon's life — a daemon that dies, or whose machine does,
-//! loses it with its connection, so the next mount needs no cleanup — and
-//! a claim number, bumped by every claim, that every commit checks in the
-//! same statement: a daemon that lost its claim (its connection was cut and
-//! another took the volume over) cannot commit anything more.
+//! Many daemons serve a volume at once ([`PgStore::join`], the design in
+//! `docs/multi-mount.md`). Each registers a session — a row, and an advisory
+//! lock on its id held on a connection of its own for the daemon's life, so
+//! that a daemon that dies, or whose machine does, is seen dead by the
+//! others — and holds the volume's lock shared. Writers take turns under a
+//! write lease (another advisory lock, [`Shared::lease`]); every commit made
+//! under it bumps the volume's epoch in the same statement, only if the
+//! epoch is still the one the lease began at, logs the keys it wrote in
+//! `safs_changes` and rings a doorbell (`NOTIFY safs`), from which the other
+//! daemons learn what to drop from their caches ([`Shared::watch`]).
+//!
+//! An exclusive claim ([`PgStore::claim`], fsck) holds the volume's lock
+//! alone, and bumps a claim number that every commit checks too: a daemon
+//! whose connection was cut while fsck took the volume over cannot commit
+//! anything more.
 //!
 //! The connection string is libpq's (a URL or key=value pairs); the
 //! password comes from `~/.pgpass` or `PGPASSFILE` ([`conninfo`]) and is
@@ -49,29 +57,57 @@ use postgres::error::SqlState;
 use postgres::{Client, NoTls, Statement};
 
 use super::{
-    EngineCounters, EngineTally, MetaError, MetaRead, MetaStore, Session, SessionRow, WriteRef,
+    Changes, EngineCounters, EngineTally, MetaError, MetaRead, MetaStore, Session, SessionRow,
+    Shared, WriteRef,
 };
 
 /// The schema this build writes and reads.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// How long one connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a call waits for an unreachable server to come back, unless
 /// the mount says otherwise (`-o meta_timeout=`).
 pub const OUTAGE_WAIT: Duration = Duration::from_secs(30);
-/// The advisory lock a claim holds (one volume per database).
+/// The advisory lock of the volume (one volume per database): held shared
+/// by every daemon serving it, exclusively by fsck.
 const CLAIM_LOCK: i64 = 0x5AF5_0001;
+/// The write lease: held by the one daemon changing metadata now.
+const WRITE_LOCK: i64 = 0x5AF5_0002;
+/// Session `id` is alive while advisory lock `SESSION_LOCKS + id` is held.
+const SESSION_LOCKS: i64 = 0x5AF5_1000_0000_0000;
+/// Commits whose keys `safs_changes` keeps; a daemon further behind drops
+/// all it caches instead.
+const CHANGES_KEPT: i64 = 100_000;
+/// How often a watcher asks for the epoch when no doorbell rang.
+const WATCH_POLL: Duration = Duration::from_secs(1);
 /// How often the claim's connection is checked.
 const CLAIM_CHECK: Duration = Duration::from_secs(1);
 
 const SCHEMA: &str = "
 CREATE TABLE safs_volume (version integer NOT NULL, created timestamptz NOT NULL DEFAULT now(),
-                          claim bigint NOT NULL DEFAULT 0);
+                          claim bigint NOT NULL DEFAULT 0, epoch bigint NOT NULL DEFAULT 0);
 CREATE TABLE safs_kv (k bytea PRIMARY KEY, v bytea NOT NULL);
-CREATE TABLE safs_sessions (host text NOT NULL, pid integer NOT NULL, mountpoint text NOT NULL,
-                            since timestamptz NOT NULL DEFAULT now());
+CREATE TABLE safs_sessions (id bigserial PRIMARY KEY, host text NOT NULL, pid integer NOT NULL,
+                            mountpoint text NOT NULL, since timestamptz NOT NULL DEFAULT now());
+CREATE TABLE safs_changes (epoch bigint PRIMARY KEY, keys bytea[] NOT NULL);
 ";
+
+/// From schema 1 (one daemon at a time) to 2 (sessions with ids, epochs,
+/// the change log).
+const UPGRADE_1_TO_2: &str = "
+ALTER TABLE safs_volume ADD COLUMN epoch bigint NOT NULL DEFAULT 0;
+ALTER TABLE safs_sessions ADD COLUMN id bigserial PRIMARY KEY;
+CREATE TABLE safs_changes (epoch bigint PRIMARY KEY, keys bytea[] NOT NULL);
+UPDATE safs_volume SET version = 2;
+";
+
+/// The live-session test: whether the advisory lock of session `s.id` is
+/// held by anyone in this database.
+const SESSION_LIVE: &str = "EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' \
+     AND l.granted AND l.objsubid = 1 AND l.database = (SELECT oid FROM pg_database \
+     WHERE datname = current_database()) \
+     AND ((l.classid::bigint << 32) | l.objid::bigint) = 6554162424893669376 + s.id)";
 
 /// One pooled connection and its prepared statements.
 struct Conn {
@@ -84,6 +120,23 @@ struct Conn {
     /// The commit of a claimed store: applies the batch only while the
     /// volume's claim number is ours, and says whether it was.
     fenced_commit: Statement,
+    /// The commit under a write lease: applies the batch only if the epoch
+    /// is still the lease's (and the claim number ours), bumps it, logs the
+    /// keys and rings the doorbell; returns the new epoch, or no row.
+    leased_commit: Statement,
+}
+
+/// A store that joined the volume: its session, the lease it may hold and
+/// the epoch its commits expect.
+struct Joined {
+    id: i64,
+    /// The connection holding the write lease while it is held.
+    writer: Mutex<Option<Client>>,
+    /// The epoch the next commit must find (valid while the lease is held).
+    epoch: AtomicI64,
+    /// Set when the store drops: the watcher stops.
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    watcher: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// A claim on the volume: the connection holding its advisory lock, kept
@@ -105,6 +158,7 @@ pub struct PgStore {
     /// The claim number this store holds (0: none, commits unfenced).
     token: Arc<AtomicI64>,
     claim: Mutex<Option<Arc<Claim>>>,
+    joined: std::sync::OnceLock<Joined>,
     tally: EngineTally,
 }
 
@@ -178,8 +232,10 @@ impl PgStore {
             }
             let mut t = c.transaction().map_err(engine_err)?;
             if exists {
-                t.batch_execute("DROP TABLE IF EXISTS safs_kv, safs_volume, safs_sessions")
-                    .map_err(engine_err)?;
+                t.batch_execute(
+                    "DROP TABLE IF EXISTS safs_kv, safs_volume, safs_sessions, safs_changes",
+                )
+                .map_err(engine_err)?;
             }
             t.batch_execute(SCHEMA).map_err(engine_err)?;
             t.execute(
@@ -205,6 +261,7 @@ impl PgStore {
             outage_ms: AtomicU64::new(OUTAGE_WAIT.as_millis() as u64),
             token: Arc::new(AtomicI64::new(0)),
             claim: Mutex::new(None),
+            joined: std::sync::OnceLock::new(),
             tally: EngineTally::default(),
         };
         // Fail now, with the server's reason, rather than at first use.
@@ -270,6 +327,24 @@ impl PgStore {
                  SELECT count(*) FROM ours",
             )
             .map_err(engine_err)?;
+        // The doorbell's payload is the new epoch. The final SELECT names
+        // pg_notify so that it runs (a CTE nobody reads would not).
+        let leased_commit = client
+            .prepare(
+                "WITH v AS (UPDATE safs_volume SET epoch = epoch + 1 \
+                            WHERE epoch = $4 AND claim = $5 RETURNING epoch), \
+                 gone AS (DELETE FROM safs_kv WHERE k = ANY($1::bytea[]) \
+                          AND EXISTS (SELECT 1 FROM v)), \
+                 put AS (INSERT INTO safs_kv (k, v) \
+                         SELECT * FROM unnest($2::bytea[], $3::bytea[]) \
+                         WHERE EXISTS (SELECT 1 FROM v) \
+                         ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v), \
+                 logged AS (INSERT INTO safs_changes (epoch, keys) SELECT epoch, $6 FROM v), \
+                 pruned AS (DELETE FROM safs_changes WHERE epoch <= $4 - $7 \
+                            AND EXISTS (SELECT 1 FROM v)) \
+                 SELECT epoch, pg_notify('safs', epoch::text)::text FROM v",
+            )
+            .map_err(engine_err)?;
         Ok(Conn {
             client,
             get,
@@ -277,6 +352,7 @@ impl PgStore {
             scan,
             commit,
             fenced_commit,
+            leased_commit,
         })
     }
 
@@ -358,7 +434,114 @@ impl PgStore {
                 self.shown
             )));
         }
+        if version < SCHEMA_VERSION {
+            return Err(MetaError::Engine(format!(
+                "{}: schema version {version} is older than this safs writes \
+                 ({SCHEMA_VERSION}); `safs upgrade <volume>` converts it (once, \
+                 with no daemon serving it)",
+                self.shown
+            )));
+        }
         Ok(())
+    }
+
+    /// Converts the volume in the database `conninfo` names to this build's
+    /// schema, in one transaction. Returns the version it had. Refused
+    /// while a daemon serves the volume.
+    pub fn upgrade(conninfo: &str) -> Result<i32, MetaError> {
+        let store = Self::connect(conninfo, false)?;
+        let mut c = store.raw_client()?;
+        let mut t = c.transaction().map_err(engine_err)?;
+        let busy: bool = t
+            .query_one("SELECT NOT pg_try_advisory_xact_lock($1)", &[&CLAIM_LOCK])
+            .map_err(engine_err)?
+            .get(0);
+        if busy {
+            return Err(MetaError::Claimed("a running daemon or fsck".into()));
+        }
+        let version: i32 = t
+            .query_one("SELECT max(version) FROM safs_volume", &[])
+            .map_err(engine_err)?
+            .get(0);
+        match version {
+            1 => t.batch_execute(UPGRADE_1_TO_2).map_err(engine_err)?,
+            SCHEMA_VERSION => {}
+            v => {
+                return Err(MetaError::Engine(format!(
+                    "{}: schema version {v} cannot be converted by this safs",
+                    store.shown
+                )));
+            }
+        }
+        t.commit().map_err(engine_err)?;
+        Ok(version)
+    }
+
+    /// Runs `f` on the writer connection (made on first use), which holds
+    /// the write lease while it is held; retried like [`PgStore::with_conn`]
+    /// only while `retry` (a lost connection loses the lease with it).
+    fn with_writer<T>(
+        &self,
+        j: &Joined,
+        retry: bool,
+        mut f: impl FnMut(&mut Client) -> Result<T, postgres::Error>,
+    ) -> Result<T, MetaError> {
+        let deadline = Instant::now() + Duration::from_millis(self.outage_ms.load(Relaxed));
+        let mut pause = Duration::from_millis(20);
+        let mut w = j.writer.lock();
+        loop {
+            let err = match w.as_mut() {
+                Some(c) => match f(c) {
+                    Ok(v) => return Ok(v),
+                    Err(e) => {
+                        if !(c.is_closed() || server_going(&e)) {
+                            return Err(engine_err(e));
+                        }
+                        *w = None;
+                        with_causes(&e)
+                    }
+                },
+                None => match self.raw_client() {
+                    Ok(c) => {
+                        *w = Some(c);
+                        continue;
+                    }
+                    Err(e) => e.to_string(),
+                },
+            };
+            if !retry || Instant::now() + pause > deadline {
+                return Err(MetaError::Engine(format!("PostgreSQL: {err}")));
+            }
+            tracing::warn!("PostgreSQL unavailable ({err}); retrying in {pause:?}");
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// What changed after epoch `seen`, read on `c`: the keys of every
+    /// commit since, or `None` if the log no longer reaches back that far.
+    fn changes_on(c: &mut Client, seen: i64) -> Result<Changes, postgres::Error> {
+        let now: i64 = c.query_one("SELECT epoch FROM safs_volume", &[])?.get(0);
+        if now <= seen {
+            return Ok(Changes {
+                epoch: now.max(0) as u64,
+                keys: Some(Vec::new()),
+            });
+        }
+        let rows = c.query(
+            "SELECT epoch, keys FROM safs_changes WHERE epoch > $1 AND epoch <= $2 ORDER BY epoch",
+            &[&seen, &now],
+        )?;
+        let complete = rows.len() as i64 == now - seen;
+        let keys = complete.then(|| {
+            rows.into_iter()
+                .flat_map(|r| r.get::<_, Vec<Vec<u8>>>(1))
+                .collect()
+        });
+        Ok(Changes {
+            epoch: now as u64,
+            keys,
+        })
     }
 }
 
@@ -433,6 +616,40 @@ impl MetaStore for PgStore {
         }
         self.tally.commit();
         let token = self.token.load(Relaxed);
+        if let Some(j) = self.joined.get() {
+            let expect = j.epoch.load(Relaxed);
+            if expect < 0 {
+                return Err(MetaError::LeaseLost(
+                    "a commit without the write lease".into(),
+                ));
+            }
+            let logged: Vec<&[u8]> = gone.iter().chain(keys.iter()).copied().collect();
+            let row = self.with_conn(|c| {
+                c.client.query_opt(
+                    &c.leased_commit,
+                    &[
+                        &gone,
+                        &keys,
+                        &values,
+                        &expect,
+                        &token,
+                        &logged,
+                        &CHANGES_KEPT,
+                    ],
+                )
+            })?;
+            return match row {
+                Some(r) => {
+                    j.epoch.store(r.get(0), Relaxed);
+                    Ok(())
+                }
+                None => Err(MetaError::LeaseLost(
+                    "another daemon committed since this one took the lease, or fsck took \
+                     the volume over"
+                        .into(),
+                )),
+            };
+        }
         if token == 0 {
             return self.with_conn(|c| {
                 c.client.execute(&c.commit, &[&gone, &keys, &values])?;
@@ -466,63 +683,37 @@ impl MetaStore for PgStore {
             .map_err(engine_err)?
             .get(0);
         if !got {
-            let holder = self
-                .sessions()?
-                .into_iter()
-                .find(|s| s.live)
-                .map(|s| format!("{} (since {})", s.session, s.since))
-                .unwrap_or_else(|| "another daemon".into());
-            return Err(MetaError::Claimed(holder));
+            return Err(MetaError::Claimed(self.holder()));
         }
-        let mut t = client.transaction().map_err(engine_err)?;
-        let token: i64 = t
+        let token: i64 = client
             .query_one(
                 "UPDATE safs_volume SET claim = claim + 1 RETURNING claim",
                 &[],
             )
             .map_err(engine_err)?
             .get(0);
-        // Rows of daemons that died: only the holder of the lock writes here.
-        t.execute("DELETE FROM safs_sessions", &[])
-            .map_err(engine_err)?;
-        t.execute(
-            "INSERT INTO safs_sessions (host, pid, mountpoint) VALUES ($1, $2, $3)",
-            &[&who.host, &(who.pid as i32), &who.mountpoint],
-        )
-        .map_err(engine_err)?;
-        t.commit().map_err(engine_err)?;
+        // Rows of daemons that died stay: the next mount reclaims what
+        // they held.
+        let id = register(&mut client, who)?;
         self.token.store(token, Relaxed);
-        let claim = Arc::new(Claim {
-            stop: Mutex::new(false),
-            wake: parking_lot::Condvar::new(),
-            keeper: Mutex::new(None),
-        });
-        let keeper = {
-            let (claim, config, token) = (claim.clone(), self.config.clone(), self.token.clone());
-            std::thread::Builder::new()
-                .name("safs-pg-claim".into())
-                .spawn(move || keep_claim(client, &config, &claim, &token))
-                .map_err(MetaError::Io)?
-        };
-        *claim.keeper.lock() = Some(keeper);
-        *self.claim.lock() = Some(claim);
-        Ok(())
+        self.start_keeper(client, Mode::Exclusive, id)
+    }
+
+    fn join(&self, who: &Session) -> Result<bool, MetaError> {
+        self.join_shared(who).map(|()| true)
+    }
+
+    fn shared(&self) -> Option<&dyn Shared> {
+        self.joined.get().map(|_| self as &dyn Shared)
     }
 
     fn sessions(&self) -> Result<Vec<SessionRow>, MetaError> {
         self.with_conn(|c| {
-            let live: bool = c
-                .client
-                .query_one(
-                    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
-                     AND granted AND database = (SELECT oid FROM pg_database \
-                     WHERE datname = current_database()) \
-                     AND ((classid::bigint << 32) | objid::bigint) = $1)",
-                    &[&CLAIM_LOCK],
-                )?
-                .get(0);
             let rows = c.client.query(
-                "SELECT host, pid, mountpoint, since::text FROM safs_sessions ORDER BY since",
+                &format!(
+                    "SELECT host, pid, mountpoint, since::text, {SESSION_LIVE} \
+                     FROM safs_sessions s ORDER BY since"
+                ),
                 &[],
             )?;
             Ok(rows
@@ -534,7 +725,7 @@ impl MetaStore for PgStore {
                         mountpoint: r.get(2),
                     },
                     since: r.get(3),
-                    live,
+                    live: r.get(4),
                 })
                 .collect())
         })
@@ -552,8 +743,278 @@ impl MetaStore for PgStore {
     }
 }
 
+/// How a store holds the volume's lock.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Exclusive,
+    Shared,
+}
+
+/// Takes a new session id, locks it (before its row exists, so that no
+/// survivor can see the row and think it dead) and records the session.
+fn register(client: &mut Client, who: &Session) -> Result<i64, MetaError> {
+    let id: i64 = client
+        .query_one("SELECT nextval('safs_sessions_id_seq')", &[])
+        .map_err(engine_err)?
+        .get(0);
+    client
+        .execute(
+            "SELECT pg_advisory_lock($1)::text",
+            &[&(SESSION_LOCKS + id)],
+        )
+        .map_err(engine_err)?;
+    client
+        .execute(
+            "INSERT INTO safs_sessions (id, host, pid, mountpoint) VALUES ($1, $2, $3, $4)",
+            &[&id, &who.host, &(who.pid as i32), &who.mountpoint],
+        )
+        .map_err(engine_err)?;
+    Ok(id)
+}
+
+impl PgStore {
+    /// Joins the volume (see [`MetaStore::join`]): the volume's lock
+    /// shared, a session, and a keeper for both.
+    fn join_shared(&self, who: &Session) -> Result<(), MetaError> {
+        if self.joined.get().is_some() {
+            return Ok(());
+        }
+        let mut client = self.raw_client()?;
+        let got: bool = client
+            .query_one("SELECT pg_try_advisory_lock_shared($1)", &[&CLAIM_LOCK])
+            .map_err(engine_err)?
+            .get(0);
+        if !got {
+            return Err(MetaError::Claimed(self.holder()));
+        }
+        let token: i64 = client
+            .query_one("SELECT claim FROM safs_volume", &[])
+            .map_err(engine_err)?
+            .get(0);
+        let id = register(&mut client, who)?;
+        self.token.store(token, Relaxed);
+        let _ = self.joined.set(Joined {
+            id,
+            writer: Mutex::new(None),
+            epoch: AtomicI64::new(-1),
+            stop: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            watcher: Mutex::new(None),
+        });
+        self.start_keeper(client, Mode::Shared, id)
+    }
+
+    /// Who holds the volume (for a refusal): the live sessions.
+    fn holder(&self) -> String {
+        let live: Vec<String> = self
+            .sessions()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|s| s.live)
+            .map(|s| format!("{} (since {})", s.session, s.since))
+            .collect();
+        if live.is_empty() {
+            "another daemon".into()
+        } else {
+            live.join("; ")
+        }
+    }
+
+    fn start_keeper(&self, client: Client, mode: Mode, id: i64) -> Result<(), MetaError> {
+        let claim = Arc::new(Claim {
+            stop: Mutex::new(false),
+            wake: parking_lot::Condvar::new(),
+            keeper: Mutex::new(None),
+        });
+        let keeper = {
+            let (claim, config, token) = (claim.clone(), self.config.clone(), self.token.clone());
+            std::thread::Builder::new()
+                .name("safs-pg-claim".into())
+                .spawn(move || keep_claim(client, &config, &claim, &token, mode, id))
+                .map_err(MetaError::Io)?
+        };
+        *claim.keeper.lock() = Some(keeper);
+        *self.claim.lock() = Some(claim);
+        Ok(())
+    }
+}
+
+impl Shared for PgStore {
+    fn lease(&self, seen: u64) -> Result<Changes, MetaError> {
+        let j = self.joined.get().expect("joined");
+        let seen = seen as i64;
+        let changes = self.with_writer(j, true, |c| {
+            c.execute("SELECT pg_advisory_lock($1)::text", &[&WRITE_LOCK])?;
+            match Self::changes_on(c, seen) {
+                Ok(ch) => Ok(ch),
+                Err(e) => {
+                    let _ = c.execute("SELECT pg_advisory_unlock($1)", &[&WRITE_LOCK]);
+                    Err(e)
+                }
+            }
+        })?;
+        j.epoch.store(changes.epoch as i64, Relaxed);
+        Ok(changes)
+    }
+
+    fn release(&self) -> u64 {
+        let j = self.joined.get().expect("joined");
+        let reached = j.epoch.swap(-1, Relaxed);
+        // A connection that failed took the lock with it.
+        let _ = self.with_writer(j, false, |c| {
+            c.execute("SELECT pg_advisory_unlock($1)", &[&WRITE_LOCK])
+        });
+        reached.max(0) as u64
+    }
+
+    fn changes(&self, seen: u64) -> Result<Changes, MetaError> {
+        self.with_conn(|c| Self::changes_on(&mut c.client, seen as i64))
+    }
+
+    fn watch(&self, ring: Box<dyn Fn(u64) + Send + Sync>) -> Result<(), MetaError> {
+        let j = self.joined.get().expect("joined");
+        let mut client = self.raw_client()?;
+        client.batch_execute("LISTEN safs").map_err(engine_err)?;
+        let (config, stop) = (self.config.clone(), Arc::clone(&j.stop));
+        let t = std::thread::Builder::new()
+            .name("safs-pg-watch".into())
+            .spawn(move || watch(client, &config, &stop, &*ring))
+            .map_err(MetaError::Io)?;
+        *j.watcher.lock() = Some(t);
+        Ok(())
+    }
+
+    fn session_id(&self) -> u64 {
+        self.joined.get().map_or(0, |j| j.id as u64)
+    }
+
+    fn dead_sessions(&self) -> Result<Vec<(u64, i64)>, MetaError> {
+        self.with_conn(|c| {
+            let rows = c.client.query(
+                &format!(
+                    "SELECT id, (extract(epoch FROM since) * 1e9)::bigint \
+                     FROM safs_sessions s WHERE NOT {SESSION_LIVE} ORDER BY id"
+                ),
+                &[],
+            )?;
+            Ok(rows
+                .into_iter()
+                .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i64>(1)))
+                .collect())
+        })
+    }
+
+    fn live_sessions(&self) -> Result<Vec<u64>, MetaError> {
+        self.with_conn(|c| {
+            let rows = c.client.query(
+                &format!("SELECT id FROM safs_sessions s WHERE {SESSION_LIVE} ORDER BY id"),
+                &[],
+            )?;
+            Ok(rows
+                .into_iter()
+                .map(|r| r.get::<_, i64>(0) as u64)
+                .collect())
+        })
+    }
+
+    fn bury(&self, id: u64) -> Result<bool, MetaError> {
+        let n = self.with_conn(|c| {
+            c.client.execute(
+                &format!("DELETE FROM safs_sessions s WHERE id = $1 AND NOT {SESSION_LIVE}"),
+                &[&(id as i64)],
+            )
+        })?;
+        Ok(n == 1)
+    }
+
+    fn alone(&self) -> Result<bool, MetaError> {
+        let live: i64 = self.with_conn(|c| {
+            let r = c.client.query_one(
+                &format!("SELECT count(*) FROM safs_sessions s WHERE {SESSION_LIVE}"),
+                &[],
+            )?;
+            Ok(r.get(0))
+        })?;
+        Ok(live <= 1)
+    }
+}
+
+/// The watcher's loop: waits for doorbells, and rings `ring` with the
+/// newest epoch they carry, or with the epoch it reads every
+/// [`WATCH_POLL`] when none rang; reconnects after an outage.
+fn watch(
+    mut client: Client,
+    config: &postgres::Config,
+    stop: &std::sync::atomic::AtomicBool,
+    ring: &(dyn Fn(u64) + Send + Sync),
+) {
+    use postgres::fallible_iterator::FallibleIterator;
+    // Short waits, so that a dropping store is not kept waiting.
+    const WAIT: Duration = Duration::from_millis(250);
+    let mut down_since: Option<Instant> = None;
+    let mut quiet = Duration::ZERO;
+    while !stop.load(Relaxed) {
+        let res = (|| -> Result<Option<u64>, postgres::Error> {
+            let first = client.notifications().timeout_iter(WAIT).next()?;
+            let Some(first) = first else {
+                quiet += WAIT;
+                if quiet < WATCH_POLL {
+                    return Ok(None);
+                }
+                quiet = Duration::ZERO;
+                let now: i64 = client
+                    .query_one("SELECT epoch FROM safs_volume", &[])?
+                    .get(0);
+                return Ok(Some(now.max(0) as u64));
+            };
+            quiet = Duration::ZERO;
+            let epoch = |m: &postgres::Notification| m.payload().parse::<u64>().unwrap_or(0);
+            let mut newest = epoch(&first);
+            // Those that arrived with it: one ring for all.
+            let mut n = client.notifications();
+            let mut rest = n.iter();
+            while let Some(m) = rest.next()? {
+                newest = newest.max(epoch(&m));
+            }
+            Ok(Some(newest))
+        })();
+        match res {
+            Ok(newest) => {
+                if let Some(t) = down_since.take() {
+                    tracing::info!(after = ?t.elapsed(), "PostgreSQL doorbell connection restored");
+                }
+                if let Some(e) = newest {
+                    ring(e);
+                }
+            }
+            Err(e) => {
+                if down_since.is_none() {
+                    tracing::warn!(
+                        "PostgreSQL doorbell connection lost ({}); reconnecting",
+                        with_causes(&e)
+                    );
+                    down_since = Some(Instant::now());
+                }
+                std::thread::sleep(WAIT);
+                if let Ok(mut c) = config.connect(NoTls) {
+                    if c.batch_execute("LISTEN safs").is_ok() {
+                        client = c;
+                        // What rang while it was down: look now.
+                        quiet = WATCH_POLL;
+                    }
+                }
+            }
+        }
+    }
+}
+
 impl Drop for PgStore {
     fn drop(&mut self) {
+        if let Some(j) = self.joined.get() {
+            j.stop.store(true, Relaxed);
+            if let Some(t) = j.watcher.lock().take() {
+                let _ = t.join();
+            }
+        }
         if let Some(claim) = self.claim.lock().take() {
             *claim.stop.lock() = true;
             claim.wake.notify_all();
@@ -568,7 +1029,14 @@ impl Drop for PgStore {
 /// outage takes the lock again on a new one, and if another daemon claimed
 /// the volume meanwhile (the claim number moved), this store is fenced:
 /// its commits fail from then on (the number no longer matches).
-fn keep_claim(mut client: Client, config: &postgres::Config, claim: &Claim, token: &AtomicI64) {
+fn keep_claim(
+    mut client: Client,
+    config: &postgres::Config,
+    claim: &Claim,
+    token: &AtomicI64,
+    mode: Mode,
+    id: i64,
+) {
     let mut lost_since: Option<Instant> = None;
     loop {
         {
@@ -577,6 +1045,9 @@ fn keep_claim(mut client: Client, config: &postgres::Config, claim: &Claim, toke
                 claim.wake.wait_for(&mut stop, CLAIM_CHECK);
             }
             if *stop {
+                // A clean end: the session leaves no row behind (a row
+                // whose lock nobody holds is a daemon that died).
+                let _ = client.execute("DELETE FROM safs_sessions WHERE id = $1", &[&id]);
                 return;
             }
         }
@@ -586,12 +1057,43 @@ fn keep_claim(mut client: Client, config: &postgres::Config, claim: &Claim, toke
         lost_since.get_or_insert_with(Instant::now);
         let retake = || -> Result<Client, String> {
             let mut c = config.connect(NoTls).map_err(|e| e.to_string())?;
+            let take = match mode {
+                Mode::Exclusive => "SELECT pg_try_advisory_lock($1)",
+                Mode::Shared => "SELECT pg_try_advisory_lock_shared($1)",
+            };
             let got: bool = c
-                .query_one("SELECT pg_try_advisory_lock($1)", &[&CLAIM_LOCK])
+                .query_one(take, &[&CLAIM_LOCK])
                 .map_err(|e| e.to_string())?
                 .get(0);
             if !got {
                 return Err("another daemon holds the volume's claim".into());
+            }
+            let mine: bool = c
+                .query_one("SELECT pg_try_advisory_lock($1)", &[&(SESSION_LOCKS + id)])
+                .map_err(|e| e.to_string())?
+                .get(0);
+            if !mine {
+                return Err("another daemon took this session over".into());
+            }
+            if mode == Mode::Shared {
+                let rows = c
+                    .execute("SELECT 1 FROM safs_sessions WHERE id = $1", &[&id])
+                    .map_err(|e| e.to_string())?;
+                if rows == 0 {
+                    // Cut off long enough for the others to take it for
+                    // dead: they reclaimed the files it had open unlinked.
+                    tracing::error!(
+                        session = id,
+                        "this daemon was taken for dead while cut off from PostgreSQL: files it \
+                         held open after their unlink may be gone; registering it again"
+                    );
+                    c.execute(
+                        "INSERT INTO safs_sessions (id, host, pid, mountpoint) \
+                         VALUES ($1, '?', 0, '(re-registered)')",
+                        &[&id],
+                    )
+                    .map_err(|e| e.to_string())?;
+                }
             }
             let now: i64 = c
                 .query_one("SELECT claim FROM safs_volume", &[])
@@ -744,9 +1246,132 @@ mod tests {
         drop(b);
         let c = PgStore::open(&info).unwrap();
         c.claim(&who(3)).unwrap();
+        // Rows of daemons that died stay (a mount reclaims what they held);
+        // those that ended cleanly are gone; only the claimant is live.
         let rows = c.sessions().unwrap();
-        assert_eq!(rows.len(), 1, "the dead daemons' rows are gone");
-        assert_eq!(rows[0].session, who(3));
+        let live: Vec<_> = rows.iter().filter(|r| r.live).collect();
+        assert_eq!(live.len(), 1, "{rows:?}");
+        assert_eq!(live[0].session, who(3));
+    }
+
+    #[test]
+    fn joined_daemons_take_turns_see_each_others_changes_and_a_lost_lease_commits_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = TempCluster::start(dir.path()).unwrap();
+        let info = cluster.conninfo("postgres");
+        assert!(SESSION_LIVE.contains(&SESSION_LOCKS.to_string()));
+        drop(PgStore::create(&info, false).unwrap());
+        let a = Arc::new(PgStore::open(&info).unwrap());
+        let b = Arc::new(PgStore::open(&info).unwrap());
+        assert!(a.join(&who(1)).unwrap());
+        assert!(b.join(&who(2)).unwrap());
+        assert_ne!(a.session_id(), b.session_id());
+        // Both live; fsck (an exclusive claim) is refused, naming them.
+        let e = PgStore::open(&info).unwrap().claim(&who(9)).err().unwrap();
+        let e = e.to_string();
+        assert!(e.contains("/m1") && e.contains("/m2"), "{e}");
+        assert!(a.dead_sessions().unwrap().is_empty());
+        assert!(!a.alone().unwrap());
+
+        let (tx, rx) = std::sync::mpsc::channel();
+        let tx = Mutex::new(tx);
+        b.watch(Box::new(move |e| {
+            let _ = tx.lock().send(e);
+        }))
+        .unwrap();
+
+        // A commits under the lease; B waits for its turn meanwhile.
+        assert_eq!(a.lease(0).unwrap().epoch, 0);
+        a.commit(&[(b"k1".to_vec(), Some(b"a".to_vec()))]).unwrap();
+        let waiter = {
+            let b = Arc::clone(&b);
+            std::thread::spawn(move || b.lease(0).unwrap())
+        };
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!waiter.is_finished(), "B got the lease while A held it");
+        assert_eq!(a.release(), 1);
+        let seen = waiter.join().unwrap();
+        assert_eq!(seen.epoch, 1);
+        assert_eq!(seen.keys, Some(vec![b"k1".to_vec()]));
+        // B's doorbell rang for A's commit.
+        let rang = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(rang >= 1);
+        b.commit(&[
+            (b"k1".to_vec(), None),
+            (b"k2".to_vec(), Some(b"b".to_vec())),
+        ])
+        .unwrap();
+        assert_eq!(b.release(), 2);
+        let ch = a.changes(1).unwrap();
+        assert_eq!(ch.epoch, 2);
+        let mut keys = ch.keys.unwrap();
+        keys.sort();
+        assert_eq!(keys, vec![b"k1".to_vec(), b"k2".to_vec()]);
+        // Without the lease, a commit is refused.
+        let e = a.commit(&[(b"x".to_vec(), None)]).err().unwrap();
+        assert!(matches!(e, MetaError::LeaseLost(_)), "{e}");
+
+        // A's lease is lost with its connection; B takes it and commits:
+        // A's commit under the lost lease must not land.
+        assert_eq!(a.lease(2).unwrap().epoch, 2);
+        let mut admin = postgres::Client::connect(&info, NoTls).unwrap();
+        admin
+            .execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks \
+                 WHERE locktype = 'advisory' AND granted AND objid = $1::bigint::oid",
+                &[&WRITE_LOCK],
+            )
+            .unwrap();
+        assert_eq!(b.lease(2).unwrap().epoch, 2);
+        b.commit(&[(b"k3".to_vec(), Some(b"b".to_vec()))]).unwrap();
+        b.release();
+        let e = a
+            .commit(&[(b"k3".to_vec(), Some(b"stale".to_vec()))])
+            .err()
+            .unwrap();
+        assert!(matches!(e, MetaError::LeaseLost(_)), "{e}");
+        a.release();
+        assert_eq!(a.get(b"k3").unwrap().as_deref(), Some(&b"b"[..]));
+        // The log reaches back only so far: further behind, everything.
+        let mut admin2 = postgres::Client::connect(&info, NoTls).unwrap();
+        admin2
+            .execute("DELETE FROM safs_changes WHERE epoch = 1", &[])
+            .unwrap();
+        assert_eq!(a.changes(0).unwrap().keys, None);
+        assert!(a.changes(1).unwrap().keys.is_some());
+        // A clean end leaves no row; B is alone.
+        drop(a);
+        assert!(b.alone().unwrap());
+        assert_eq!(b.sessions().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn an_old_schema_is_refused_until_upgraded() {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = TempCluster::start(dir.path()).unwrap();
+        let info = cluster.conninfo("postgres");
+        let mut c = postgres::Client::connect(&info, NoTls).unwrap();
+        // Schema 1, as the previous release made it.
+        c.batch_execute(
+            "CREATE TABLE safs_volume (version integer NOT NULL, \
+               created timestamptz NOT NULL DEFAULT now(), claim bigint NOT NULL DEFAULT 0);
+             CREATE TABLE safs_kv (k bytea PRIMARY KEY, v bytea NOT NULL);
+             CREATE TABLE safs_sessions (host text NOT NULL, pid integer NOT NULL, \
+               mountpoint text NOT NULL, since timestamptz NOT NULL DEFAULT now());
+             INSERT INTO safs_volume (version) VALUES (1);
+             INSERT INTO safs_kv VALUES ('\\x01', '\\x02');",
+        )
+        .unwrap();
+        let e = PgStore::open(&info).err().unwrap().to_string();
+        assert!(e.contains("safs upgrade"), "{e}");
+        assert_eq!(PgStore::upgrade(&info).unwrap(), 1);
+        assert_eq!(PgStore::upgrade(&info).unwrap(), SCHEMA_VERSION);
+        let s = PgStore::open(&info).unwrap();
+        assert_eq!(s.get(&[1]).unwrap().as_deref(), Some(&[2u8][..]));
+        assert!(s.join(&who(1)).unwrap());
+        assert_eq!(s.lease(0).unwrap().epoch, 0);
+        s.commit(&[(vec![3], Some(vec![4]))]).unwrap();
+        assert_eq!(s.release(), 1);
     }
 
     #[test]

@@ -1,0 +1,635 @@
+//! Two daemons serving one PostgreSQL volume at once (two mountpoints, on a
+//! real, private cluster): each sees the other's changes, random operations
+//! through both give what one model gives, racing operations lose no update
+//! and make no cycle, and when one daemon is killed the other goes on and
+//! reclaims what it held. `fsck` is clean after each.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use common::*;
+use nix::errno::Errno;
+use safs::meta::postgres::cluster::TempCluster;
+
+/// How long a change on one mount may take to show on the other before a
+/// test calls it lost (the target is milliseconds; this only bounds a hang).
+const VISIBLE: Duration = Duration::from_secs(5);
+
+/// One daemon serving the volume on `mnt`; unmounted on drop.
+struct Mount {
+    vol: PathBuf,
+    mnt: PathBuf,
+    mounted: bool,
+}
+
+impl Mount {
+    #[track_caller]
+    fn new(vol: &Path, mnt: &Path) -> Mount {
+        std::fs::create_dir_all(mnt).unwrap();
+        let out = safs(["mount".as_ref(), vol.as_os_str(), mnt.as_os_str()]);
+        out.assert_success(&format!("safs mount {} {}", vol.display(), mnt.display()));
+        Mount {
+            vol: vol.to_path_buf(),
+            mnt: mnt.to_path_buf(),
+            mounted: true,
+        }
+    }
+
+    fn path(&self, rel: impl AsRef<Path>) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    fn pid(&self) -> nix::unistd::Pid {
+        daemon_pid_at(&self.vol, &self.mnt)
+    }
+
+    /// `umount`, then waits until the daemon has exited.
+    #[track_caller]
+    fn unmount(&mut self) {
+        let pid = self.pid();
+        run_cmd(Command::new("umount").arg(&self.mnt)).assert_success("umount");
+        self.mounted = false;
+        assert!(
+            wait_until(Duration::from_secs(60), || !process_alive(pid)),
+            "the daemon of {} did not exit",
+            self.mnt.display()
+        );
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if self.mounted && is_fuse_mounted(&self.mnt) {
+            let _ = run_cmd(Command::new("umount").arg("-l").arg(&self.mnt));
+            // The daemon commits and leaves; give it a moment.
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+}
+
+/// Two mounts of one fresh volume on its own cluster. Fields drop in
+/// order: the mounts, then the volume's directory, then the cluster.
+struct Two {
+    a: Mount,
+    b: Mount,
+    v: TestVolume,
+    _cluster: TempCluster,
+    _dir: tempfile::TempDir,
+}
+
+fn two_mounts() -> Two {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = TempCluster::start(dir.path()).unwrap();
+    cluster.create_database("vol").unwrap();
+    let v = TestVolume::formatted(&["--meta", &cluster.conninfo("vol")]);
+    let a = Mount::new(v.vol(), v.mnt());
+    let b = Mount::new(v.vol(), &v.root().join("mnt2"));
+    Two {
+        a,
+        b,
+        v,
+        _cluster: cluster,
+        _dir: dir,
+    }
+}
+
+impl Two {
+    #[track_caller]
+    fn unmount_and_fsck(&mut self) {
+        self.a.unmount();
+        self.b.unmount();
+        let out = safs(["fsck", self.v.vol().to_str().unwrap()]);
+        out.assert_success("safs fsck after two mounts");
+        assert!(out.stdout.contains("clean"), "{}", out.stdout);
+    }
+}
+
+#[test]
+fn each_mount_sees_the_others_changes_and_fsck_waits_for_both() {
+    let mut t = two_mounts();
+    let (a, b) = (&t.a, &t.b);
+    // Looked up (absent) on B first: a cached negative entry must not hide
+    // A's create.
+    assert!(!b.path("f").exists());
+    write_file(&a.path("f"), b"from a");
+    assert!(
+        wait_until(VISIBLE, || std::fs::read(b.path("f")).ok().as_deref()
+            == Some(&b"from a"[..])),
+        "B does not see A's file"
+    );
+    setxattr(&a.path("f"), "user.k", b"1", 0).unwrap();
+    assert!(wait_until(VISIBLE, || getxattr(&b.path("f"), "user.k")
+        .ok()
+        == Some(b"1".to_vec())));
+    std::fs::create_dir(b.path("d")).unwrap();
+    std::fs::rename(b.path("f"), b.path("d/g")).unwrap();
+    assert!(wait_until(VISIBLE, || list_dir(&a.mnt) == ["d"]
+        && list_dir(&a.path("d")) == ["g"]));
+    assert_eq!(getxattr(&a.path("d/g"), "user.k").unwrap(), b"1");
+    std::fs::remove_file(a.path("d/g")).unwrap();
+    assert!(wait_until(VISIBLE, || list_dir(&b.path("d")).is_empty()));
+
+    // Both daemons are listed; what needs the volume alone waits for them.
+    let vol = t.v.vol().to_str().unwrap().to_string();
+    let (pa, pb) = (a.pid(), b.pid());
+    assert_ne!(pa, pb);
+    let out = safs(["fsck", &vol]);
+    out.assert_failure_with_message("fsck of a mounted volume");
+    assert!(
+        out.stderr.contains("mounted on") || out.stderr.contains("in use"),
+        "{}",
+        out.stderr
+    );
+    let info = safs(["info", t.b.mnt.to_str().unwrap()]);
+    info.assert_success("safs info");
+    assert_eq!(live_sessions(t.v.vol()).len(), 2, "{}", info.stdout);
+    assert!(
+        info.stdout.contains("mounted:        yes"),
+        "{}",
+        info.stdout
+    );
+    t.unmount_and_fsck();
+}
+
+// ---- a model checker ------------------------------------------------------
+
+/// What one node of the model is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Node {
+    Dir,
+    /// A regular file: its identity (hard links share it).
+    File(u32),
+}
+
+/// The namespace as POSIX says it must be, with each file's xattr value.
+#[derive(Default)]
+struct Model {
+    nodes: BTreeMap<String, Node>,
+    xattr: HashMap<u32, Vec<u8>>,
+    next: u32,
+}
+
+impl Model {
+    /// ENOENT or ENOTDIR if a directory on the way to `p` is missing or
+    /// is a file.
+    fn walk(&self, p: &str) -> Result<(), Errno> {
+        let mut at = String::new();
+        let comps: Vec<&str> = p.split('/').collect();
+        for c in &comps[..comps.len() - 1] {
+            if !at.is_empty() {
+                at.push('/');
+            }
+            at.push_str(c);
+            match self.nodes.get(&at) {
+                None => return Err(Errno::ENOENT),
+                Some(Node::File(_)) => return Err(Errno::ENOTDIR),
+                Some(Node::Dir) => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn children(&self, p: &str) -> usize {
+        let prefix = format!("{p}/");
+        self.nodes
+            .keys()
+            .filter(|k| k.starts_with(&prefix) && !k[prefix.len()..].contains('/'))
+            .count()
+    }
+
+    fn nlink(&self, id: u32) -> usize {
+        self.nodes
+            .values()
+            .filter(|n| **n == Node::File(id))
+            .count()
+    }
+
+    fn apply(&mut self, op: &Op) -> Result<(), Errno> {
+        match op {
+            Op::Create(p) | Op::Mkdir(p) => {
+                self.walk(p)?;
+                if self.nodes.contains_key(p) {
+                    return Err(Errno::EEXIST);
+                }
+                let node = if matches!(op, Op::Mkdir(_)) {
+                    Node::Dir
+                } else {
+                    self.next += 1;
+                    Node::File(self.next)
+                };
+                self.nodes.insert(p.clone(), node);
+            }
+            Op::Unlink(p) => {
+                self.walk(p)?;
+                match self.nodes.get(p) {
+                    None => return Err(Errno::ENOENT),
+                    Some(Node::Dir) => return Err(Errno::EISDIR),
+                    Some(Node::File(_)) => {
+                        self.nodes.remove(p);
+                    }
+                }
+            }
+            Op::Rmdir(p) => {
+                self.walk(p)?;
+                match self.nodes.get(p) {
+                    None => return Err(Errno::ENOENT),
+                    Some(Node::File(_)) => return Err(Errno::ENOTDIR),
+                    Some(Node::Dir) if self.children(p) > 0 => return Err(Errno::ENOTEMPTY),
+                    Some(Node::Dir) => {
+                        self.nodes.remove(p);
+                    }
+                }
+            }
+            Op::Link(p, q) => {
+                self.walk(p)?;
+                self.walk(q)?;
+                let node = self.nodes.get(p).ok_or(Errno::ENOENT)?.clone();
+                if self.nodes.contains_key(q) {
+                    return Err(Errno::EEXIST);
+                }
+                if node == Node::Dir {
+                    return Err(Errno::EPERM);
+                }
+                self.nodes.insert(q.clone(), node);
+            }
+            Op::SetXattr(p, v) => {
+                self.walk(p)?;
+                match self.nodes.get(p) {
+                    None => return Err(Errno::ENOENT),
+                    Some(Node::Dir) => {}
+                    Some(Node::File(id)) => {
+                        self.xattr.insert(*id, v.clone());
+                    }
+                }
+            }
+            Op::Rename(p, q) => {
+                self.walk(p)?;
+                self.walk(q)?;
+                let src = self.nodes.get(p).ok_or(Errno::ENOENT)?.clone();
+                if p == q {
+                    return Ok(());
+                }
+                // The source is an ancestor of the target's directory.
+                if q.starts_with(&format!("{p}/")) {
+                    return Err(Errno::EINVAL);
+                }
+                if let Some(dst) = self.nodes.get(q).cloned() {
+                    // The target is an ancestor of the source.
+                    if p.starts_with(&format!("{q}/")) {
+                        return Err(Errno::ENOTEMPTY);
+                    }
+                    match (&src, &dst) {
+                        (Node::Dir, Node::File(_)) => return Err(Errno::ENOTDIR),
+                        (Node::File(_), Node::Dir) => return Err(Errno::EISDIR),
+                        (Node::Dir, Node::Dir) if self.children(q) > 0 => {
+                            return Err(Errno::ENOTEMPTY);
+                        }
+                        // Two links of one file: nothing happens.
+                        (Node::File(x), Node::File(y)) if x == y => return Ok(()),
+                        _ => {}
+                    }
+                }
+                let prefix = format!("{p}/");
+                let moved: Vec<(String, Node)> = self
+                    .nodes
+                    .iter()
+                    .filter(|(k, _)| *k == p || k.starts_with(&prefix))
+                    .map(|(k, n)| (k.clone(), n.clone()))
+                    .collect();
+                for (k, _) in &moved {
+                    self.nodes.remove(k);
+                }
+                for (k, n) in moved {
+                    self.nodes.insert(format!("{q}{}", &k[p.len()..]), n);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What a walk of a mount must find: path → (kind, nlink, xattr).
+    fn expected(&self) -> BTreeMap<String, (char, u64, Option<Vec<u8>>)> {
+        self.nodes
+            .iter()
+            .map(|(k, n)| {
+                let v = match n {
+                    Node::Dir => ('d', 0, None),
+                    Node::File(id) => ('f', self.nlink(*id) as u64, self.xattr.get(id).cloned()),
+                };
+                (k.clone(), v)
+            })
+            .collect()
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Create(String),
+    Mkdir(String),
+    Unlink(String),
+    Rmdir(String),
+    Link(String, String),
+    Rename(String, String),
+    SetXattr(String, Vec<u8>),
+}
+
+fn run_op(root: &Path, op: &Op) -> Result<(), Errno> {
+    let at = |p: &String| root.join(p);
+    let r = match op {
+        Op::Create(p) => std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(at(p))
+            .map(drop),
+        Op::Mkdir(p) => std::fs::create_dir(at(p)),
+        Op::Unlink(p) => std::fs::remove_file(at(p)),
+        Op::Rmdir(p) => std::fs::remove_dir(at(p)),
+        Op::Link(p, q) => std::fs::hard_link(at(p), at(q)),
+        Op::Rename(p, q) => std::fs::rename(at(p), at(q)),
+        Op::SetXattr(p, v) => return setxattr(&at(p), "user.v", v, 0),
+    };
+    r.map_err(errno_of)
+}
+
+/// A walk of a mount, in the model's terms (directories' nlink left out:
+/// the model does not count subdirectories).
+fn walk(root: &Path) -> BTreeMap<String, (char, u64, Option<Vec<u8>>)> {
+    fn go(root: &Path, rel: &str, out: &mut BTreeMap<String, (char, u64, Option<Vec<u8>>)>) {
+        let dir = if rel.is_empty() {
+            root.to_path_buf()
+        } else {
+            root.join(rel)
+        };
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let rel = if rel.is_empty() {
+                name
+            } else {
+                format!("{rel}/{name}")
+            };
+            let Ok(m) = std::fs::symlink_metadata(root.join(&rel)) else {
+                continue;
+            };
+            if m.is_dir() {
+                out.insert(rel.clone(), ('d', 0, None));
+                go(root, &rel, out);
+            } else {
+                let x = getxattr(&root.join(&rel), "user.v").ok();
+                out.insert(rel, ('f', m.nlink(), x));
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    go(root, "", &mut out);
+    out
+}
+
+#[test]
+fn random_operations_through_two_mounts_give_what_one_model_gives() {
+    let mut t = two_mounts();
+    let paths = [
+        "a", "b", "a/x", "a/y", "b/x", "b/y", "a/x/z", "b/y/z", "a/z", "b/z", "c",
+    ];
+    let mut rng = 0x5eed_u64;
+    let mut next = |n: usize| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % n as u64) as usize
+    };
+    let mut model = Model::default();
+    let mut failures = 0;
+    for step in 0..300 {
+        let p = paths[next(paths.len())].to_string();
+        let q = paths[next(paths.len())].to_string();
+        let op = match next(10) {
+            0 | 1 => Op::Mkdir(p),
+            2 | 3 => Op::Create(p),
+            4 => Op::Unlink(p),
+            5 => Op::Rmdir(p),
+            6 => Op::Link(p, q),
+            7 | 8 => Op::Rename(p, q),
+            _ => Op::SetXattr(p, format!("v{step}").into_bytes()),
+        };
+        let (mine, other) = if step % 2 == 0 {
+            (&t.a, &t.b)
+        } else {
+            (&t.b, &t.a)
+        };
+        let want = model.apply(&op);
+        let got = run_op(&mine.mnt, &op);
+        assert_eq!(got, want, "step {step}: {op:?} on {}", mine.mnt.display());
+        failures += usize::from(got.is_err());
+        // Both mounts show the model before the next step (the other one
+        // within moments: its caches are told).
+        let expected = model.expected();
+        assert_eq!(walk(&mine.mnt), expected, "step {step}: {op:?}, same mount");
+        assert!(
+            wait_until(VISIBLE, || walk(&other.mnt) == expected),
+            "step {step}: {op:?}: the other mount shows {:?}, the model {expected:?}",
+            walk(&other.mnt)
+        );
+    }
+    assert!(
+        (30..270).contains(&failures),
+        "the walk should mix successes and refusals: {failures} of 300 failed"
+    );
+    t.unmount_and_fsck();
+}
+
+// ---- races ------------------------------------------------------------------
+
+#[test]
+fn racing_mounts_lose_no_update_and_make_no_cycle() {
+    let mut t = two_mounts();
+    // Links of one file from both mounts at once: nlink counts every one.
+    write_file(&t.a.path("f"), b"x");
+    assert!(wait_until(VISIBLE, || t.b.path("f").exists()));
+    let barrier = Arc::new(Barrier::new(2));
+    let handles: Vec<_> = [(t.a.mnt.clone(), "la"), (t.b.mnt.clone(), "lb")]
+        .into_iter()
+        .map(|(m, prefix)| {
+            let barrier = Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                barrier.wait();
+                for i in 0..100 {
+                    std::fs::hard_link(m.join("f"), m.join(format!("{prefix}{i}"))).unwrap();
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    for m in [&t.a, &t.b] {
+        assert!(
+            wait_until(VISIBLE, || meta(&m.path("f")).nlink() == 201),
+            "nlink on {}: {}",
+            m.mnt.display(),
+            meta(&m.path("f")).nlink()
+        );
+    }
+
+    // Two directories moved into each other from both mounts at once: at
+    // most one move happens, never a cycle.
+    for r in 0..15 {
+        let (p, q) = (format!("p{r}"), format!("q{r}"));
+        std::fs::create_dir(t.a.path(&p)).unwrap();
+        std::fs::create_dir(t.a.path(&q)).unwrap();
+        assert!(wait_until(VISIBLE, || t.b.path(&q).exists()));
+        let barrier = Arc::new(Barrier::new(2));
+        let moves = [
+            (t.a.mnt.clone(), p.clone(), format!("{q}/{p}")),
+            (t.b.mnt.clone(), q.clone(), format!("{p}/{q}")),
+        ];
+        let handles: Vec<_> = moves
+            .into_iter()
+            .map(|(m, from, to)| {
+                let barrier = Arc::clone(&barrier);
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    std::fs::rename(m.join(from), m.join(to)).map_err(errno_of)
+                })
+            })
+            .collect();
+        let res: Vec<Result<(), Errno>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert!(
+            res.iter().any(Result::is_err),
+            "round {r}: both moves succeeded: a cycle"
+        );
+        for e in res.iter().filter_map(|r| r.as_ref().err()) {
+            assert!([Errno::EINVAL, Errno::ENOENT].contains(e), "round {r}: {e}");
+        }
+        let into_q = t.a.path(format!("{q}/{p}"));
+        let into_p = t.a.path(format!("{p}/{q}"));
+        assert!(wait_until(VISIBLE, || {
+            let moved = usize::from(into_q.exists()) + usize::from(into_p.exists());
+            moved == res.iter().filter(|r| r.is_ok()).count()
+        }));
+    }
+
+    // Random renames, links, unlinks and creates in shared directories,
+    // two threads per mount.
+    for d in ["d0", "d1", "d2"] {
+        std::fs::create_dir(t.a.path(d)).unwrap();
+    }
+    assert!(wait_until(VISIBLE, || t.b.path("d2").exists()));
+    let handles: Vec<_> = (0..4u64)
+        .map(|k| {
+            let m = if k % 2 == 0 {
+                t.a.mnt.clone()
+            } else {
+                t.b.mnt.clone()
+            };
+            std::thread::spawn(move || {
+                let mut rng = 0x9e37_79b9_7f4a_7c15_u64 ^ (k + 1);
+                let mut next = |n: u64| {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng % n
+                };
+                for _ in 0..600 {
+                    let p = m.join(format!("d{}/f{}", next(3), next(12)));
+                    let q = m.join(format!("d{}/f{}", next(3), next(12)));
+                    let _ = match next(5) {
+                        0 => std::fs::OpenOptions::new()
+                            .create(true)
+                            .append(true)
+                            .open(&p)
+                            .map(drop),
+                        1 => std::fs::rename(&p, &q),
+                        2 => std::fs::hard_link(&p, &q),
+                        3 => std::fs::remove_file(&p),
+                        _ => setxattr(&p, "user.n", b"1", 0).map_err(|e| e.into()),
+                    };
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    // Both mounts agree, and every file's link count is its number of
+    // names.
+    assert!(
+        wait_until(VISIBLE, || walk(&t.a.mnt) == walk(&t.b.mnt)),
+        "the mounts disagree after the race"
+    );
+    let mut names: HashMap<u64, (u64, u64)> = HashMap::new();
+    for d in ["d0", "d1", "d2"] {
+        for e in std::fs::read_dir(t.a.path(d)).unwrap().flatten() {
+            let m = e.metadata().unwrap();
+            let n = names.entry(m.ino()).or_insert((0, m.nlink()));
+            n.0 += 1;
+        }
+    }
+    for (ino, (found, nlink)) in names {
+        assert_eq!(found, nlink, "inode {ino}: {found} names, nlink {nlink}");
+    }
+    t.unmount_and_fsck();
+}
+
+#[test]
+fn a_killed_daemon_leaves_the_other_serving_and_what_it_held_is_reclaimed() {
+    let mut t = two_mounts();
+    let vol = t.v.vol().to_path_buf();
+    let inodes = |vol: &Path| -> u64 {
+        let out = safs(["info", vol.to_str().unwrap()]);
+        let line = out
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("inodes:"))
+            .unwrap_or_else(|| panic!("{}", out.stdout))
+            .trim()
+            .to_string();
+        line.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    write_file(&t.a.path("kept"), b"synced");
+    std::fs::File::open(t.a.path("kept"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
+    // Open on A, then unlinked: A's daemon holds it until it closes.
+    let held = std::fs::File::open(t.a.path("kept")).unwrap();
+    std::fs::hard_link(t.a.path("kept"), t.a.path("other-name")).unwrap();
+    write_file(&t.a.path("held"), b"open");
+    let open = std::fs::File::open(t.a.path("held")).unwrap();
+    std::fs::remove_file(t.a.path("held")).unwrap();
+    run_cmd(Command::new(env!("CARGO_BIN_EXE_safs")).args(["sync", t.a.mnt.to_str().unwrap()]))
+        .assert_success("safs sync");
+    let before = inodes(&vol);
+
+    let pid = t.a.pid();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+    drop(open);
+    drop(held);
+    let _ = run_cmd(Command::new("umount").arg("-l").arg(&t.a.mnt));
+    t.a.mounted = false;
+    assert!(wait_until(Duration::from_secs(10), || !process_alive(pid)));
+
+    // B goes on, and reclaims the file A held open (its session is gone).
+    write_file(&t.b.path("after"), b"b");
+    assert_eq!(std::fs::read(t.b.path("kept")).unwrap(), b"synced");
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            let out = safs(["info", vol.to_str().unwrap()]);
+            !out.stdout.contains("(gone") && inodes(&vol) == before
+        }),
+        "the dead daemon's session and its open-unlinked file are not reclaimed: {}",
+        safs(["info", vol.to_str().unwrap()]).stdout
+    );
+    t.b.unmount();
+    let out = safs(["fsck", vol.to_str().unwrap()]);
+    out.assert_success("fsck after a killed daemon");
+    assert!(out.stdout.contains("clean"), "{}", out.stdout);
+}
