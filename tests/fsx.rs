@@ -215,8 +215,9 @@ fn fsx(kind: Volume) {
     assert_eq!(
         out.status.code(),
         Some(0),
-        "fsck after fsx: {}",
-        String::from_utf8_lossy(&out.stdout)
+        "fsck after fsx: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
     eprintln!(
         "fsx: {ops} steps ({done} applied, {refused} refused as the model predicted), {remounts} remounts, all matched ({kind:?})"

@@ -331,7 +331,13 @@ impl Fs {
                 Err(e) => tracing::error!(error = %e, "cannot record a clean unmount"),
             }
         }
-        self.store.close()
+        let res = self.store.close();
+        if res.is_ok() {
+            if let Some(s) = self.store.engine().shared() {
+                s.leave();
+            }
+        }
+        res
     }
 
     /// Mount-time recovery. Always: reclaim inodes unlinked while open.

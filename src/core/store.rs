@@ -824,6 +824,14 @@ impl Store {
             let res = self
                 .engine
                 .commit_iter(&mut batch.iter().map(|(k, v)| (k.as_slice(), v.as_deref())));
+            // This daemon's own commit: its caches already show it, so its
+            // doorbell must not be taken for another daemon's change. Noted
+            // while the lease is still held (the doorbell may ring first:
+            // it is ignored while the lease is held).
+            if let (Ok(()), Some(e)) = (&res, self.engine.shared().and_then(|s| s.reached())) {
+                let mut l = self.lease.lock();
+                l.seen = l.seen.max(e);
+            }
 
             ov = self.overlay.lock();
             match res {

@@ -382,6 +382,11 @@ pub trait Shared: Send + Sync {
     /// Gives the lease back (every commit made under it has returned);
     /// returns the epoch its last commit reached.
     fn release(&self) -> u64;
+    /// The epoch the commits under the lease held now have reached.
+    fn reached(&self) -> Option<u64>;
+    /// Ends this daemon's session cleanly: its row goes (a row left behind
+    /// is a daemon that died), its doorbell stops.
+    fn leave(&self);
     /// What changed since `seen`, without the lease.
     fn changes(&self, seen: u64) -> Result<Changes, MetaError>;
     /// Calls `ring` with the newest epoch each time another daemon commits

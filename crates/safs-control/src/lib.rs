@@ -215,10 +215,32 @@ pub fn request_at(path: &Path, cmd: &str) -> anyhow::Result<Option<StatsReply>> 
 }
 
 /// Whether some process — a daemon serving it, or `safs fsck` — holds the
-/// lock of the volume at `volume` (`<volume>/lock`, an `flock`).
+/// lock of the volume at `volume` (`<volume>/lock`, an `flock`, exclusive,
+/// or shared by the daemons of a volume several serve).
 pub fn volume_in_use(volume: &Path) -> bool {
-    let Ok(file) = std::fs::File::open(volume.join("lock")) else {
+    let path = volume.join("lock");
+    let Ok(file) = std::fs::File::open(&path) else {
         return false;
     };
+    // The kernel's list of locks says so without taking one (a probe that
+    // took the lock, even for a moment, could make a mount fail).
+    if let Some(held) = flocked(&path) {
+        return held;
+    }
     nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockSharedNonblock).is_err()
+}
+
+/// Whether `/proc/locks` lists an `flock` on `path` (`None`: cannot tell).
+fn flocked(path: &Path) -> Option<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    let dev = m.dev();
+    let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
+    // "1: FLOCK  ADVISORY  WRITE 1234 08:01:123456 0 EOF" (device in hex).
+    let want = format!("{major:02x}:{minor:02x}:{}", m.ino());
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    Some(locks.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.get(1) == Some(&"FLOCK") && f.iter().any(|x| *x == want)
+    }))
 }

@@ -132,10 +132,7 @@ impl VolumeLock {
 
     /// Whether some process holds the lock of the volume at `dir`.
     pub fn is_held(dir: &Path) -> bool {
-        let Ok(file) = File::open(Layout::new(dir).lock()) else {
-            return false;
-        };
-        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockSharedNonblock).is_err()
+        safs_control::volume_in_use(dir)
     }
 }
 

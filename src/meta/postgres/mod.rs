@@ -866,6 +866,27 @@ impl Shared for PgStore {
         reached.max(0) as u64
     }
 
+    fn reached(&self) -> Option<u64> {
+        let e = self.joined.get()?.epoch.load(Relaxed);
+        (e >= 0).then_some(e as u64)
+    }
+
+    fn leave(&self) {
+        let Some(j) = self.joined.get() else { return };
+        j.stop.store(true, Relaxed);
+        if let Some(t) = j.watcher.lock().take() {
+            let _ = t.join();
+        }
+        if let Some(claim) = self.claim.lock().take() {
+            // The keeper deletes the row as it stops.
+            *claim.stop.lock() = true;
+            claim.wake.notify_all();
+            if let Some(t) = claim.keeper.lock().take() {
+                let _ = t.join();
+            }
+        }
+    }
+
     fn changes(&self, seen: u64) -> Result<Changes, MetaError> {
         self.with_conn(|c| Self::changes_on(&mut c.client, seen as i64))
     }
