@@ -98,6 +98,10 @@ struct Lease {
     running: u32,
     /// The newest epoch this daemon's caches reflect.
     seen: u64,
+    /// A batch was dropped (its lease lost): the caches hold changes that
+    /// never landed, and must all go before anything is served from them
+    /// again (at the next lease, or the next doorbell, whichever first).
+    reset: bool,
 }
 
 /// What a caller holds while an operation runs under the write lease.
@@ -602,10 +606,17 @@ impl Store {
                 continue;
             }
             l.moving = true;
-            let seen = l.seen;
+            let (seen, reset) = (l.seen, std::mem::take(&mut l.reset));
             drop(l);
             let res = shared.lease(seen).map(|ch| {
-                self.changed(&ch);
+                if reset {
+                    self.changed(&Changes {
+                        epoch: ch.epoch,
+                        keys: None,
+                    });
+                } else {
+                    self.changed(&ch);
+                }
                 ch.epoch
             });
             l = self.lease.lock();
@@ -625,7 +636,13 @@ impl Store {
             return;
         };
         let seen = {
-            let l = self.lease.lock();
+            let mut l = self.lease.lock();
+            if l.reset && !l.moving {
+                l.reset = false;
+                drop(l);
+                self.changed(&Changes { epoch, keys: None });
+                l = self.lease.lock();
+            }
             // Under the lease nobody else commits; the lease caught up.
             if l.seen >= epoch || l.held {
                 return;
@@ -879,10 +896,9 @@ impl Store {
                     ov.committing_need = 0;
                     drop(unlinks);
                     drop(ov);
-                    self.changed(&Changes {
-                        epoch: 0,
-                        keys: None,
-                    });
+                    // Not here: a handler may hold the state lock while it
+                    // waits for this committer (see `Lease::reset`).
+                    self.lease.lock().reset = true;
                     ov = self.overlay.lock();
                 }
                 Err(e) => {

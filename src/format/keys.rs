@@ -10,7 +10,7 @@
 //! | `D` parent:u64 name               | Dirent              | name → (ino, type, cookie): lookup     |
 //! | `C` parent:u64 cookie:u64         | DirIndex            | cookie → (name, ino, type): readdir    |
 //! | `L` ino:u64                       | Symlink             | symlink target                         |
-//! | `O` ino:u64                       | Marker              | unlinked while open: reclaim at mount  |
+//! | `O` ino:u64                       | Marker              | unlinked while open: reclaim at mount (on PostgreSQL volumes it names the session holding it open) |
 //! | `K`                               | KeyRecord           | encrypted volumes: the master key, wrapped by the passphrase (in the clear, as is `V`) |
 //! | `M`                               | MountState          | clean or mounted: after an unclean stop, sizes are reconciled from backing files and stray backing files removed |
 //! | `W` ino:u64                       | Marker              | retired (open-for-writing marker of early builds); deleted when found |

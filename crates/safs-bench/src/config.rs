@@ -49,10 +49,11 @@ pub enum Test {
     T7,
     T8,
     T9,
+    T10,
 }
 
 impl Test {
-    pub const ALL: [Test; 9] = [
+    pub const ALL: [Test; 10] = [
         Test::T1,
         Test::T2,
         Test::T3,
@@ -62,6 +63,7 @@ impl Test {
         Test::T7,
         Test::T8,
         Test::T9,
+        Test::T10,
     ];
 
     /// One line saying what the table measures.
@@ -86,6 +88,7 @@ impl Test {
             Test::T9 => {
                 "file contents: sequential write and read of one large file, 4 KiB random reads"
             }
+            Test::T10 => "two mounts of one volume: a change on one, seen on the other (p50, p99)",
         }
     }
 }
@@ -109,7 +112,8 @@ impl FromStr for Test {
             "7" => Ok(Test::T7),
             "8" => Ok(Test::T8),
             "9" => Ok(Test::T9),
-            _ => Err(format!("unknown test '{t}' (T1 … T9)")),
+            "10" => Ok(Test::T10),
+            _ => Err(format!("unknown test '{t}' (T1 … T10)")),
         }
     }
 }
@@ -284,6 +288,8 @@ pub struct Sizes {
     pub t9_file_bytes: u64,
     /// T9: 4 KiB random reads per repetition, each of a different block.
     pub t9_random_reads: usize,
+    /// T10: changes timed, of each kind.
+    pub t10_changes: usize,
     /// `--setup`: size of the ext4 and xfs images (sparse files).
     pub image_bytes: u64,
     /// `--setup`: size limit of the tmpfs.
@@ -316,6 +322,7 @@ impl Sizes {
             // Under a tenth of the file's blocks: few neighbours for any
             // readahead underneath to bring in early.
             t9_random_reads: if full { 20_000 } else { 5_000 },
+            t10_changes: if full { 2_000 } else { 500 },
             // T1 at 64 KiB × F is the largest user: 0.66 GB small, 6.6 GB full.
             image_bytes: if full { 24 << 30 } else { 4 << 30 },
             tmpfs_bytes: if full { 12 << 30 } else { 4 << 30 },
@@ -495,7 +502,14 @@ mod tests {
             parse_only("T9,T8").unwrap().into_iter().collect::<Vec<_>>(),
             [Test::T8, Test::T9]
         );
-        assert!(parse_only("T10").is_err());
+        assert_eq!(
+            parse_only("T10,T9")
+                .unwrap()
+                .into_iter()
+                .collect::<Vec<_>>(),
+            [Test::T9, Test::T10]
+        );
+        assert!(parse_only("T11").is_err());
         assert!(parse_only(",").is_err());
     }
 

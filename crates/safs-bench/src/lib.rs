@@ -48,6 +48,7 @@ pub mod report;
 mod setup;
 pub mod svg;
 mod t1;
+mod t10;
 mod t2;
 mod t3;
 pub mod t4;
@@ -153,6 +154,11 @@ pub struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// The safs binary the run uses.
+    pub fn safs_exe(&self) -> &Path {
+        self.cold_env.safs_exe
+    }
+
     /// Called once per operation of a loop: every 1024 operations, checks
     /// for Ctrl-C and moves the progress bar.
     #[inline]
@@ -573,6 +579,7 @@ pub fn run(cfg: Config) -> anyhow::Result<PathBuf> {
                 Test::T7 => t7::run(&mut step),
                 Test::T8 => t8::run(&mut step),
                 Test::T9 => t9::run(&mut step),
+                Test::T10 => t10::run(&mut step),
             };
             progress.step_done();
             ops::remove_tree(&ctx, &dir);

@@ -516,6 +516,13 @@ fn sizes_line(test: Test, z: &crate::config::Sizes) -> String {
             z.t9_file_bytes >> 20,
             z.t9_random_reads
         ),
+        Test::T10 => format!(
+            "{} creates and {} xattr changes through the target's mount, each polled for \
+             through a second mount of the same volume (a second daemon); µs from the call \
+             to the first poll that sees it. Only volumes several daemons serve (safs on \
+             PostgreSQL); n/a elsewhere.",
+            z.t10_changes, z.t10_changes
+        ),
     }
 }
 

@@ -246,6 +246,18 @@ pub fn checks(r: &Results) -> Vec<Check> {
                     }
                 }
                 Test::T8 => flat(&tb, test, l, &mut add),
+                Test::T10 => {
+                    // Only where a second daemon could mount the volume.
+                    for case in [crate::t10::CREATE_P99, crate::t10::XATTR_P99] {
+                        if let Some(v) = tb.best(case, None, l) {
+                            add(
+                                &format!("T10: {case} ≤ 10 ms"),
+                                format!("{v:.0} µs"),
+                                Verdict::of(v <= 10_000.0),
+                            );
+                        }
+                    }
+                }
                 Test::T9 => {
                     if let Some((_, txt)) = max_trips(&tb, crate::t9::RANDOM) {
                         add("T9: requests per random 4 KiB read", txt, Verdict::Info);
