@@ -100,10 +100,15 @@ fn two_mounts() -> Two {
 }
 
 impl Two {
+    /// Unmounts both and checks the volume at once: fsck waits for the
+    /// daemons finishing their last commits (as after `umount; fsck` on
+    /// one machine), then must find it clean.
     #[track_caller]
     fn unmount_and_fsck(&mut self) {
-        self.a.unmount();
-        self.b.unmount();
+        for m in [&mut self.a, &mut self.b] {
+            run_cmd(Command::new("umount").arg(&m.mnt)).assert_success("umount");
+            m.mounted = false;
+        }
         let out = safs(["fsck", self.v.vol().to_str().unwrap()]);
         out.assert_success("safs fsck after two mounts");
         assert!(out.stdout.contains("clean"), "{}", out.stdout);

@@ -135,7 +135,7 @@ mod tests {
     #[test]
     fn bad_flags_are_usage_errors() {
         assert!(parse(&["--scale", "huge"]).is_err());
-        assert!(parse(&["--only", "T10"]).is_err());
+        assert!(parse(&["--only", "T11"]).is_err());
         assert!(parse(&["--targets", "nolabel"]).is_err());
         let dup = parse(&["--targets", "a=/x,a=/y"]).unwrap();
         assert!(dup.into_config().is_err());

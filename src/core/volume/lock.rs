@@ -52,21 +52,28 @@ impl VolumeLock {
                     // An empty lock file: its holder is between taking the
                     // lock and writing its pid, or between clearing it and
                     // exiting. Either way it is a matter of moments.
-                    // (Daemons sharing the volume write no pid: not passing.)
-                    let passing = holder.pid.is_empty()
-                        && waited < HOLDER_SETTLING
-                        && !safs_control::is_shared(&layout.root);
-                    let stopping =
-                        holder.is_stopping(&layout.root) && waited < STOPPING_DAEMON_WAIT;
+                    // Daemons sharing a volume write no pid: with no mount of
+                    // it left here they are finishing after an unmount.
+                    let shared = safs_control::is_shared(&layout.root);
+                    let passing = holder.pid.is_empty() && waited < HOLDER_SETTLING && !shared;
+                    let stopping = (holder.is_stopping(&layout.root)
+                        || (shared && holder.pid.is_empty() && !is_mounted(&layout.root)))
+                        && waited < STOPPING_DAEMON_WAIT;
                     if !passing && !stopping {
                         return Err(VolumeError::Busy(holder.describe(&layout.root)));
                     }
                     // Quiet unless it takes long: `umount; mount` is routine.
                     if stopping && !told && waited >= QUIET_WAIT {
-                        eprintln!(
-                            "safs: waiting for the unmounted daemon (pid {}) to finish its last commit",
-                            holder.pid
-                        );
+                        if holder.pid.is_empty() {
+                            eprintln!(
+                                "safs: waiting for the unmounted daemons to finish their last commits"
+                            );
+                        } else {
+                            eprintln!(
+                                "safs: waiting for the unmounted daemon (pid {}) to finish its last commit",
+                                holder.pid
+                            );
+                        }
                         told = true;
                     }
                     std::thread::sleep(std::time::Duration::from_millis(10));
