@@ -47,7 +47,7 @@ pub struct MountArgs {
     /// transport=auto|uring|dev (FUSE over io_uring when the kernel offers
     /// it, the default, or required, or /dev/fuse reads and writes),
     /// dircache=0|1 (the directory cache, half of cache_mb at most; on by
-    /// default for encrypted volumes only), passphrase_file=FILE (the passphrase of an encrypted volume, e.g.
+    /// default for encrypted and PostgreSQL volumes), passphrase_file=FILE (the passphrase of an encrypted volume, e.g.
     /// in /etc/fstab; encrypted volumes refuse passthrough).
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,

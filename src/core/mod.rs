@@ -270,8 +270,12 @@ impl Fs {
         let store = Store::new(engine, opts.commit_interval, hold);
         let atime = opts.atime;
         // The directory cache: on by default where it saves the most (names
-        // to encrypt, records to open), a share of the cache budget.
-        let dircache = opts.dircache.unwrap_or(sb.is_encrypted());
+        // to encrypt, records to open; on a shared volume, a round trip to
+        // the database per lookup the kernel's shorter TTL sends), a share
+        // of the cache budget.
+        let dircache = opts
+            .dircache
+            .unwrap_or(sb.is_encrypted() || store.is_shared());
         let state = State::new(
             opts.inode_cache,
             opts.cache_bytes,

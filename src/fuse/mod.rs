@@ -37,8 +37,9 @@ use zerocopy::IntoBytes;
 pub const TTL: Duration = Duration::from_secs(3600);
 /// The same on a volume other daemons also serve: their changes reach this
 /// kernel by invalidations (`core::shared`), and this bounds how long a
-/// reply racing with one can keep something stale.
-pub const SHARED_TTL: Duration = Duration::from_secs(1);
+/// reply racing with one (or a doorbell missed while its connection was
+/// down) can keep something stale.
+pub const SHARED_TTL: Duration = Duration::from_secs(10);
 
 /// Flags for every opened regular file. `FOPEN_NOFLUSH`: no FLUSH request
 /// on close — safs has nothing to do then (no write-back cache; POSIX locks
