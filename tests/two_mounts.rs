@@ -1,8 +1,9 @@
 //! Two daemons serving one PostgreSQL volume at once (two mountpoints, on a
 //! real, private cluster): each sees the other's changes, random operations
 //! through both give what one model gives, racing operations lose no update
-//! and make no cycle, and when one daemon is killed the other goes on and
-//! reclaims what it held. `fsck` is clean after each.
+//! and make no cycle, when one daemon is killed the other goes on and
+//! reclaims what it held, and crash loops that kill one of the two in the
+//! middle of its changes lose nothing synced. `fsck` is clean after each.
 
 mod common;
 
@@ -637,4 +638,64 @@ fn a_killed_daemon_leaves_the_other_serving_and_what_it_held_is_reclaimed() {
     let out = safs(["fsck", vol.to_str().unwrap()]);
     out.assert_success("fsck after a killed daemon");
     assert!(out.stdout.contains("clean"), "{}", out.stdout);
+}
+
+#[test]
+fn crash_loops_with_one_of_two_daemons_killed_lose_nothing_synced() {
+    let mut t = two_mounts();
+    let vol = t.v.vol().to_path_buf();
+    // (name, contents, xattr value) of every file synced so far.
+    let mut synced: Vec<(String, Vec<u8>, Vec<u8>)> = Vec::new();
+    for round in 0..4 {
+        for (k, m) in [&t.a, &t.b].into_iter().enumerate() {
+            for i in 0..15 {
+                let name = format!("r{round}-m{k}-{i}");
+                let data = pattern(round * 100 + i, 3000 + i as usize);
+                let x = format!("x{round}.{k}.{i}").into_bytes();
+                write_file(&m.path(&name), &data);
+                setxattr(&m.path(&name), "user.x", &x, 0).unwrap();
+                std::fs::File::open(m.path(&name))
+                    .unwrap()
+                    .sync_all()
+                    .unwrap();
+                synced.push((name, data, x));
+            }
+        }
+        // The victim dies in the middle of unsynced changes of its own.
+        let victim = if round % 2 == 0 { &mut t.a } else { &mut t.b };
+        let pid = victim.pid();
+        let noise = {
+            let mnt = victim.mnt.clone();
+            std::thread::spawn(move || {
+                for i in 0..10_000 {
+                    let p = mnt.join(format!("noise-{round}-{i}"));
+                    if std::fs::write(&p, b"n").is_err() {
+                        break;
+                    }
+                    let _ = std::fs::rename(&p, mnt.join(format!("noise-{round}-{i}-moved")));
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(30 + 20 * round));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+        noise.join().unwrap();
+        let _ = run_cmd(Command::new("umount").arg("-l").arg(&victim.mnt));
+        victim.mounted = false;
+        assert!(wait_until(Duration::from_secs(10), || !process_alive(pid)));
+        let mnt = victim.mnt.clone();
+        *victim = Mount::new(&vol, &mnt);
+        // Everything synced is there through both mounts.
+        for m in [&t.a, &t.b] {
+            for (name, data, x) in &synced {
+                assert!(
+                    wait_until(VISIBLE, || m.path(name).exists()),
+                    "round {round}: {name} missing on {}",
+                    m.mnt.display()
+                );
+                assert_eq!(&read_file(&m.path(name)), data, "round {round}: {name}");
+                assert_eq!(&getxattr(&m.path(name), "user.x").unwrap(), x);
+            }
+        }
+    }
+    t.unmount_and_fsck();
 }
