@@ -10,6 +10,12 @@
 //! the first poll that sees it; the rows are the median and the 99th
 //! percentile, µs. The polls go through the second mount's kernel, so the
 //! figure includes the invalidations its daemon sends it.
+//!
+//! Then writers at once: `4 × t10_changes` creates by two threads through
+//! the target's mount, and the same by one thread on each of the two
+//! mounts, µs per file (wall time / files). Writers of one volume take
+//! turns (its write lease), so the second row shows what a second mount
+//! costs writers, not a gain.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -22,6 +28,8 @@ pub const CREATE_P50: &str = "create → visible p50";
 pub const CREATE_P99: &str = "create → visible p99";
 pub const XATTR_P50: &str = "setxattr → visible p50";
 pub const XATTR_P99: &str = "setxattr → visible p99";
+pub const ONE_MOUNT: &str = "create, 2 writers on one mount";
+pub const TWO_MOUNTS: &str = "create, 1 writer on each of 2 mounts";
 
 /// Longest a change may take to show before the row is an error.
 const GIVE_UP: Duration = Duration::from_secs(10);
@@ -63,10 +71,12 @@ impl Drop for Second {
 pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
     let (ctx, t) = (s.ctx, s.t);
     let n = ctx.sizes.t10_changes;
-    let mut rows: Vec<_> = [CREATE_P50, CREATE_P99, XATTR_P50, XATTR_P99]
-        .iter()
-        .map(|c| s.row(c, None, Unit::UsPerOp))
-        .collect();
+    let mut rows: Vec<_> = [
+        CREATE_P50, CREATE_P99, XATTR_P50, XATTR_P99, ONE_MOUNT, TWO_MOUNTS,
+    ]
+    .iter()
+    .map(|c| s.row(c, None, Unit::UsPerOp))
+    .collect();
     let shared = t
         .safs
         .as_ref()
@@ -95,8 +105,8 @@ pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
     let there = second.mnt.join(rel);
     let (mut creates, mut xattrs) = (Vec::new(), Vec::new());
     let label = s.label(&format!("a change on one mount, seen on the other ×{n}"));
-    let [c50, c99, x50, x99] = &mut rows[..] else {
-        unreachable!("four rows")
+    let [c50, c99, x50, x99, one, two] = &mut rows[..] else {
+        unreachable!("six rows")
     };
     let ok = ctx.phase(t, c50, PhaseSpec::new(&label, n as u64, 1, false), |ctx| {
         let start = Instant::now();
@@ -148,6 +158,46 @@ pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
         for r in [c99, x50, x99] {
             r.error = why.clone();
         }
+    }
+    // Writers on one mount share its lease; writers on two mounts take
+    // turns with it (one writer at a time per volume).
+    let files = ctx.sizes.t10_changes * 4;
+    for (row, dirs, what) in [
+        (one, [s.dir.join("one-a"), s.dir.join("one-b")], ONE_MOUNT),
+        (two, [s.dir.join("two-a"), there.join("two-b")], TWO_MOUNTS),
+    ] {
+        for d in &dirs {
+            std::fs::create_dir_all(d)?;
+        }
+        let label = s.label(&format!("{what} ×{files}"));
+        ctx.phase(
+            t,
+            row,
+            PhaseSpec::new(&label, files as u64, 1, false),
+            |_| {
+                let start = Instant::now();
+                let results: Vec<std::io::Result<()>> = std::thread::scope(|sc| {
+                    let hs: Vec<_> = dirs
+                        .iter()
+                        .map(|d| {
+                            sc.spawn(move || -> std::io::Result<()> {
+                                for i in 0..files / 2 {
+                                    std::fs::File::create(d.join(format!("f{i}")))?;
+                                }
+                                Ok(())
+                            })
+                        })
+                        .collect();
+                    hs.into_iter()
+                        .map(|h| h.join().expect("writer thread"))
+                        .collect()
+                });
+                for r in results {
+                    r.map_err(|e| Fail::Na(format!("create: {e}")))?;
+                }
+                Ok(Timed::of(start.elapsed()))
+            },
+        )?;
     }
     drop(second);
     s.done(rows);
