@@ -622,7 +622,14 @@ impl Store {
             l = self.lease.lock();
             l.moving = false;
             self.lease_moved.notify_all();
-            let epoch = res?;
+            let epoch = match res {
+                Ok(e) => e,
+                Err(e) => {
+                    // Still owed to the next taker.
+                    l.reset |= reset;
+                    return Err(e.into());
+                }
+            };
             l.held = true;
             l.since = Some(Instant::now());
             l.seen = l.seen.max(epoch);
@@ -897,8 +904,12 @@ impl Store {
                     drop(unlinks);
                     drop(ov);
                     // Not here: a handler may hold the state lock while it
-                    // waits for this committer (see `Lease::reset`).
-                    self.lease.lock().reset = true;
+                    // waits for this committer (see `Lease::reset`). No new
+                    // operation starts under the lost lease.
+                    let mut l = self.lease.lock();
+                    l.reset = true;
+                    l.draining = true;
+                    drop(l);
                     ov = self.overlay.lock();
                 }
                 Err(e) => {
@@ -1171,5 +1182,195 @@ mod tests {
             prop_assert_eq!(got, want);
             store.close().unwrap();
         }
+    }
+
+    /// A shared engine in memory: an epoch, a change log, a lease that can
+    /// be lost, and "another daemon" that commits beside the store.
+    struct Shared2 {
+        inner: MemStore,
+        epoch: std::sync::atomic::AtomicU64,
+        /// The epoch the lease's commits must find; -1: no lease.
+        mine: std::sync::atomic::AtomicI64,
+        log: parking_lot::Mutex<Vec<(u64, Vec<Vec<u8>>)>>,
+        lose: AtomicBool,
+    }
+
+    impl Shared2 {
+        fn new() -> Self {
+            Shared2 {
+                inner: MemStore::default(),
+                epoch: 0.into(),
+                mine: (-1).into(),
+                log: parking_lot::Mutex::new(Vec::new()),
+                lose: AtomicBool::new(false),
+            }
+        }
+
+        fn log_since(&self, seen: u64) -> Changes {
+            let epoch = self.epoch.load(Ordering::SeqCst);
+            let keys = self
+                .log
+                .lock()
+                .iter()
+                .filter(|(e, _)| *e > seen)
+                .flat_map(|(_, k)| k.clone())
+                .collect();
+            Changes {
+                epoch,
+                keys: Some(keys),
+            }
+        }
+
+        /// Another daemon commits `key` (it holds the lease meanwhile).
+        fn other_commits(&self, key: &[u8]) {
+            self.inner
+                .commit(&[(key.to_vec(), Some(b"other".to_vec()))])
+                .unwrap();
+            let e = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+            self.log.lock().push((e, vec![key.to_vec()]));
+        }
+    }
+
+    impl MetaRead for Shared2 {
+        fn get(&self, key: &[u8]) -> std::result::Result<Option<Vec<u8>>, MetaError> {
+            self.inner.get(key)
+        }
+        fn scan(
+            &self,
+            s: &[u8],
+            e: &[u8],
+            l: usize,
+        ) -> std::result::Result<crate::meta::Pairs, MetaError> {
+            self.inner.scan(s, e, l)
+        }
+    }
+
+    impl MetaStore for Shared2 {
+        fn commit_iter<'a>(
+            &self,
+            batch: &mut dyn Iterator<Item = crate::meta::WriteRef<'a>>,
+        ) -> std::result::Result<(), MetaError> {
+            let mine = self.mine.load(Ordering::SeqCst);
+            if self.lose.load(Ordering::SeqCst)
+                || mine < 0
+                || mine as u64 != self.epoch.load(Ordering::SeqCst)
+            {
+                return Err(MetaError::LeaseLost("test".into()));
+            }
+            let batch: Vec<crate::meta::Write> = batch
+                .map(|(k, v)| (k.to_vec(), v.map(<[u8]>::to_vec)))
+                .collect();
+            let keys = batch.iter().map(|(k, _)| k.clone()).collect();
+            self.inner.commit(&batch)?;
+            let e = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+            self.log.lock().push((e, keys));
+            self.mine.store(e as i64, Ordering::SeqCst);
+            Ok(())
+        }
+        fn disk_bytes(&self) -> u64 {
+            0
+        }
+        fn shared(&self) -> Option<&dyn crate::meta::Shared> {
+            Some(self)
+        }
+    }
+
+    impl crate::meta::Shared for Shared2 {
+        fn lease(&self, seen: u64) -> std::result::Result<Changes, MetaError> {
+            let ch = self.log_since(seen);
+            self.mine.store(ch.epoch as i64, Ordering::SeqCst);
+            Ok(ch)
+        }
+        fn release(&self) -> u64 {
+            self.mine.swap(-1, Ordering::SeqCst).max(0) as u64
+        }
+        fn reached(&self) -> Option<u64> {
+            let m = self.mine.load(Ordering::SeqCst);
+            (m >= 0).then_some(m as u64)
+        }
+        fn leave(&self) {}
+        fn changes(&self, seen: u64) -> std::result::Result<Changes, MetaError> {
+            Ok(self.log_since(seen))
+        }
+        fn watch(
+            &self,
+            _ring: Box<dyn Fn(u64) + Send + Sync>,
+        ) -> std::result::Result<(), MetaError> {
+            Ok(())
+        }
+        fn session_id(&self) -> u64 {
+            1
+        }
+        fn dead_sessions(&self) -> std::result::Result<Vec<(u64, i64)>, MetaError> {
+            Ok(Vec::new())
+        }
+        fn live_sessions(&self) -> std::result::Result<Vec<u64>, MetaError> {
+            Ok(vec![1])
+        }
+        fn bury(&self, _id: u64) -> std::result::Result<bool, MetaError> {
+            Ok(false)
+        }
+        fn alone(&self) -> std::result::Result<bool, MetaError> {
+            Ok(true)
+        }
+    }
+
+    #[test]
+    fn a_shared_store_catches_up_under_its_lease_and_drops_a_batch_whose_lease_was_lost() {
+        let eng = Arc::new(Shared2::new());
+        let store = Store::new(eng.clone(), Duration::from_millis(2), None);
+        let told: Arc<parking_lot::Mutex<Vec<Changes>>> = Arc::default();
+        let t = Arc::clone(&told);
+        store.on_changes(Box::new(move |c| t.lock().push(c.clone())));
+        let idle = |eng: &Shared2| {
+            let start = Instant::now();
+            while eng.mine.load(Ordering::SeqCst) >= 0 {
+                assert!(
+                    start.elapsed() < Duration::from_secs(5),
+                    "lease kept while idle"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+
+        // Another daemon committed: the lease brings it before anything runs.
+        eng.other_commits(b"k1");
+        {
+            let _g = store.lease().unwrap();
+            assert_eq!(told.lock().last().unwrap().keys, Some(vec![b"k1".to_vec()]));
+            store.apply(vec![(b"a".to_vec(), Some(b"1".to_vec()))]);
+        }
+        store.sync().unwrap();
+        assert_eq!(eng.get(b"a").unwrap().as_deref(), Some(&b"1"[..]));
+        // Idle: the lease goes back; its own commit is not news to it.
+        idle(&eng);
+        let n = told.lock().len();
+        store.rang(eng.epoch.load(Ordering::SeqCst));
+        assert_eq!(told.lock().len(), n, "its own commit taken for another's");
+
+        // The lease is lost under a batch: dropped, not committed; fsync
+        // fails; the next lease drops every cache.
+        let seq = {
+            let _g = store.lease().unwrap();
+            eng.lose.store(true, Ordering::SeqCst);
+            store.apply(vec![(b"b".to_vec(), Some(b"2".to_vec()))])
+        };
+        assert!(matches!(store.wait_durable(seq), Err(CoreError::Io(_))));
+        assert_eq!(eng.get(b"b").unwrap(), None);
+        assert_eq!(
+            store.get(b"b").unwrap(),
+            None,
+            "the dropped batch is out of sight"
+        );
+        idle(&eng);
+        eng.lose.store(false, Ordering::SeqCst);
+        {
+            let _g = store.lease().unwrap();
+            assert_eq!(told.lock().last().unwrap().keys, None, "caches not reset");
+            store.apply(vec![(b"c".to_vec(), Some(b"3".to_vec()))]);
+        }
+        store.sync().unwrap();
+        assert_eq!(eng.get(b"c").unwrap().as_deref(), Some(&b"3"[..]));
+        store.close().unwrap();
     }
 }
