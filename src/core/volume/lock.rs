@@ -33,14 +33,7 @@ const HOLDER_SETTLING: std::time::Duration = std::time::Duration::from_secs(5);
 impl VolumeLock {
     pub fn acquire(layout: &Layout) -> Result<Self, VolumeError> {
         let path = layout.lock();
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
-            .map_err(io_err(&path))?;
+        let mut file = open_lock_file(&path)?;
         let start = std::time::Instant::now();
         let mut told = false;
         let mut file = loop {
@@ -102,14 +95,7 @@ impl VolumeLock {
     /// format) is refused while any serves it. The file is left as it is.
     pub fn acquire_shared(layout: &Layout) -> Result<Self, VolumeError> {
         let path = layout.lock();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
-            .map_err(io_err(&path))?;
+        let file = open_lock_file(&path)?;
         match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockSharedNonblock) {
             Ok(file) => Ok(VolumeLock { file, shared: true }),
             Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(VolumeError::Busy(
@@ -141,6 +127,18 @@ impl VolumeLock {
     pub fn is_held(dir: &Path) -> bool {
         safs_control::volume_in_use(dir)
     }
+}
+
+/// The lock file, created (0600) if missing, its contents kept.
+fn open_lock_file(path: &Path) -> Result<File, VolumeError> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_err(path))
 }
 
 /// What the lock file says about its holder.

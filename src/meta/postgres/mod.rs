@@ -872,18 +872,8 @@ impl Shared for PgStore {
     }
 
     fn leave(&self) {
-        let Some(j) = self.joined.get() else { return };
-        j.stop.store(true, Relaxed);
-        if let Some(t) = j.watcher.lock().take() {
-            let _ = t.join();
-        }
-        if let Some(claim) = self.claim.lock().take() {
-            // The keeper deletes the row as it stops.
-            *claim.stop.lock() = true;
-            claim.wake.notify_all();
-            if let Some(t) = claim.keeper.lock().take() {
-                let _ = t.join();
-            }
+        if self.joined.get().is_some() {
+            self.stop_threads();
         }
     }
 
@@ -1028,8 +1018,10 @@ fn watch(
     }
 }
 
-impl Drop for PgStore {
-    fn drop(&mut self) {
+impl PgStore {
+    /// Stops the doorbell's watcher and the claim's keeper (which deletes
+    /// the session's row as it stops: a clean end).
+    fn stop_threads(&self) {
         if let Some(j) = self.joined.get() {
             j.stop.store(true, Relaxed);
             if let Some(t) = j.watcher.lock().take() {
@@ -1043,6 +1035,12 @@ impl Drop for PgStore {
                 let _ = t.join();
             }
         }
+    }
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        self.stop_threads();
     }
 }
 
