@@ -678,11 +678,7 @@ impl MetaStore for PgStore {
 
     fn claim(&self, who: &Session) -> Result<(), MetaError> {
         let mut client = self.raw_client()?;
-        let got: bool = client
-            .query_one("SELECT pg_try_advisory_lock($1)", &[&CLAIM_LOCK])
-            .map_err(engine_err)?
-            .get(0);
-        if !got {
+        if !take_volume_lock(&mut client, Mode::Exclusive).map_err(engine_err)? {
             return Err(MetaError::Claimed(self.holder()));
         }
         let token: i64 = client
@@ -750,6 +746,16 @@ enum Mode {
     Shared,
 }
 
+/// Tries to take the volume's lock on `c` as `mode` says; false if a
+/// holder of the other kind (or, exclusively, any holder) has it.
+fn take_volume_lock(c: &mut Client, mode: Mode) -> Result<bool, postgres::Error> {
+    let take = match mode {
+        Mode::Exclusive => "SELECT pg_try_advisory_lock($1)",
+        Mode::Shared => "SELECT pg_try_advisory_lock_shared($1)",
+    };
+    Ok(c.query_one(take, &[&CLAIM_LOCK])?.get(0))
+}
+
 /// Takes a new session id, locks it (before its row exists, so that no
 /// survivor can see the row and think it dead) and records the session.
 fn register(client: &mut Client, who: &Session) -> Result<i64, MetaError> {
@@ -780,11 +786,7 @@ impl PgStore {
             return Ok(());
         }
         let mut client = self.raw_client()?;
-        let got: bool = client
-            .query_one("SELECT pg_try_advisory_lock_shared($1)", &[&CLAIM_LOCK])
-            .map_err(engine_err)?
-            .get(0);
-        if !got {
+        if !take_volume_lock(&mut client, Mode::Shared).map_err(engine_err)? {
             return Err(MetaError::Claimed(self.holder()));
         }
         let token: i64 = client
@@ -1076,15 +1078,7 @@ fn keep_claim(
         lost_since.get_or_insert_with(Instant::now);
         let retake = || -> Result<Client, String> {
             let mut c = config.connect(NoTls).map_err(|e| e.to_string())?;
-            let take = match mode {
-                Mode::Exclusive => "SELECT pg_try_advisory_lock($1)",
-                Mode::Shared => "SELECT pg_try_advisory_lock_shared($1)",
-            };
-            let got: bool = c
-                .query_one(take, &[&CLAIM_LOCK])
-                .map_err(|e| e.to_string())?
-                .get(0);
-            if !got {
+            if !take_volume_lock(&mut c, mode).map_err(|e| e.to_string())? {
                 return Err("another daemon holds the volume's claim".into());
             }
             let mine: bool = c
