@@ -681,3 +681,70 @@ fn mounting_again_after_a_crash_replaces_the_dead_mount() {
     v.adopt_mount();
     assert_eq!(read_file(&v.path("kept")), b"before the crash");
 }
+
+/// Backing files under the volume's `data/`, by inode number.
+fn backing_files(vol: &Path) -> Vec<u64> {
+    let mut v = Vec::new();
+    for d in fs::read_dir(vol.join("data")).unwrap().flatten() {
+        for f in fs::read_dir(d.path()).unwrap().flatten() {
+            v.push(u64::from_str_radix(&f.file_name().to_string_lossy(), 16).unwrap());
+        }
+    }
+    v.sort_unstable();
+    v
+}
+
+/// Backing files are made ahead of time for the next inode numbers: a
+/// clean unmount leaves only those of regular files (fsck finds nothing),
+/// and the ones a `kill -9` leaves behind are gone after the next mount.
+#[test]
+fn backing_files_made_ahead_leave_nothing_behind() {
+    let mut v = TestVolume::new();
+    let mut files = Vec::new();
+    for i in 0..40 {
+        let p = v.path(format!("f{i}"));
+        match i % 4 {
+            0 => fs::create_dir(&p).unwrap(),
+            1 => symlink("target", &p).unwrap(),
+            2 => nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap(),
+            _ => {
+                File::create(&p).unwrap();
+                files.push(fs::metadata(&p).unwrap().ino());
+            }
+        }
+    }
+    // A regular file made by mknod keeps the file made for it (empty).
+    let node = v.path("node");
+    nix::sys::stat::mknod(
+        &node,
+        nix::sys::stat::SFlag::S_IFREG,
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+        0,
+    )
+    .unwrap();
+    let node_ino = fs::metadata(&node).unwrap().ino();
+    write_file(&node, b"written later");
+    files.push(node_ino);
+    files.sort_unstable();
+    v.unmount();
+    assert_eq!(backing_files(v.vol()), files, "after a clean unmount");
+    safs(["fsck".as_ref(), v.vol().as_os_str()]).assert_success("fsck after a clean unmount");
+
+    v.mount();
+    assert_eq!(read_file(&node), b"written later");
+    File::create(v.path("after")).unwrap();
+    File::open(v.mnt()).unwrap().sync_all().unwrap();
+    assert!(
+        backing_files(v.vol()).len() > files.len() + 1,
+        "files are made ahead while mounted"
+    );
+    kill_daemon_hard(&mut v);
+    v.mount();
+    let after = fs::metadata(v.path("after")).unwrap().ino();
+    v.unmount();
+    let mut want = files.clone();
+    want.push(after);
+    want.sort_unstable();
+    assert_eq!(backing_files(v.vol()), want, "after a kill -9 and a mount");
+    safs(["fsck".as_ref(), v.vol().as_os_str()]).assert_success("fsck after recovery");
+}

@@ -298,6 +298,9 @@ impl Fs {
             kernel: std::sync::OnceLock::new(),
         };
         fs.recover()?;
+        if !fs.opts.read_only && !fs.store.is_shared() {
+            fs.data.start_pool(fs.state.lock().next_ino());
+        }
         Ok(fs)
     }
 
@@ -324,6 +327,8 @@ impl Fs {
         if self.closed.swap(true, std::sync::atomic::Ordering::SeqCst) {
             return Ok(());
         }
+        // Before the clean mark: a clean volume has no stray backing files.
+        self.data.stop_pool();
         if !self.opts.read_only {
             // Clean only if no other daemon still serves the volume.
             match self.store.lease() {

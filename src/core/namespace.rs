@@ -542,9 +542,13 @@ impl Fs {
         }
         work.inodes.insert(ino, inode);
         work.dirty.push(ino);
-        let file = match open {
-            Some(_) => Some(std::sync::Arc::new(self.data.create(ino)?)),
-            None => None,
+        // A regular file made by mknod keeps a ready backing file too
+        // (an empty one reads as the missing one would).
+        let ready = self.data.take_ready(ino, ftype == S_IFREG);
+        let file = match (open, ready) {
+            (Some(_), Some(f)) => Some(std::sync::Arc::new(f)),
+            (Some(_), None) => Some(std::sync::Arc::new(self.data.create(ino)?)),
+            (None, _) => None,
         };
         let taken = st.take_ino();
         debug_assert_eq!(taken, ino, "inode numbers are taken under the lock");
@@ -831,6 +835,7 @@ impl Fs {
         now: Timestamp,
     ) -> Result<()> {
         let ino = st.take_ino();
+        let _ = self.data.take_ready(ino, false);
         let inode = Inode {
             mode: libc::S_IFCHR,
             uid: ctx.uid,

@@ -873,13 +873,19 @@ impl Store {
                     ov.committing = Arc::new(Map::new());
                     ov.committing_need = 0;
                     ov.held = self.engine.held();
-                    for path in &unlinks {
-                        match std::fs::remove_file(path) {
-                            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                                tracing::error!(path = %path.display(), error = %e, "cannot remove a freed backing file");
+                    if !unlinks.is_empty() {
+                        // Not under the overlay lock: every operation needs
+                        // it, and a batch may free hundreds of files.
+                        drop(ov);
+                        for path in &unlinks {
+                            match std::fs::remove_file(path) {
+                                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                                    tracing::error!(path = %path.display(), error = %e, "cannot remove a freed backing file");
+                                }
+                                _ => {}
                             }
-                            _ => {}
                         }
+                        ov = self.overlay.lock();
                     }
                 }
                 Err(MetaError::LeaseLost(why)) => {

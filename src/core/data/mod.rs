@@ -19,6 +19,7 @@
 //! On encrypted volumes backing files hold sealed blocks (see `sealed`):
 //! every read and write goes through the daemon, and sizes are converted.
 
+mod pool;
 mod sealed;
 
 use std::fs::{File, OpenOptions};
@@ -40,6 +41,9 @@ pub struct DataStore {
     root: PathBuf,
     keys: Option<Arc<VolumeKeys>>,
     stripes: Box<[RwLock<()>]>,
+    /// Backing files made ahead of time (see `pool`); none on read-only
+    /// and shared volumes.
+    pool: std::sync::OnceLock<pool::Pool>,
 }
 
 impl DataStore {
@@ -50,6 +54,35 @@ impl DataStore {
                 .map(|_| RwLock::new(()))
                 .collect(),
             keys,
+            pool: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Starts making backing files ahead of time for the inode numbers
+    /// from `next` on. A pool that cannot start is only a slower create.
+    pub fn start_pool(&self, next: u64) {
+        let root = self.root.clone();
+        let path: pool::PathOf = Arc::new(move |ino| backing_path(&root, ino));
+        let p = Arc::clone(&path);
+        match pool::Pool::start(next, move |ino| make_backing(&p(ino)), path) {
+            Ok(pool) => {
+                let _ = self.pool.set(pool);
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot start the backing-file pool"),
+        }
+    }
+
+    /// Inode number `ino` is being taken: the backing file made for it
+    /// ahead of time, if it is a regular file and one is ready.
+    pub fn take_ready(&self, ino: u64, regular: bool) -> Option<File> {
+        self.pool.get()?.take(ino, regular)
+    }
+
+    /// Removes the backing files made for numbers never taken (before a
+    /// clean unmount is recorded).
+    pub fn stop_pool(&self) {
+        if let Some(p) = self.pool.get() {
+            p.stop();
         }
     }
 
@@ -200,9 +233,7 @@ impl DataStore {
     }
 
     pub fn path(&self, ino: u64) -> PathBuf {
-        self.root
-            .join(format!("{:02x}", ino & 0xff))
-            .join(format!("{ino:016x}"))
+        backing_path(&self.root, ino)
     }
 
     /// Opens (creating if missing) the backing file of `ino` read-write.
@@ -220,19 +251,11 @@ impl DataStore {
     /// Creates the backing file of a new inode `ino` (it must not exist),
     /// its atime at the sentinel.
     pub fn create(&self, ino: u64) -> io::Result<File> {
-        let f = self.open_with(ino, true)?;
-        arm_atime(&f)?;
-        Ok(f)
+        make_backing(&self.path(ino))
     }
 
     fn open_with(&self, ino: u64, create: bool) -> io::Result<File> {
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(create)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(self.path(ino))
+        open_backing(&self.path(ino), create)
     }
 
     /// Size and 512-byte blocks of the backing file; a missing one is empty.
@@ -243,6 +266,28 @@ impl DataStore {
             Err(e) => Err(e),
         }
     }
+}
+
+fn backing_path(root: &Path, ino: u64) -> PathBuf {
+    root.join(format!("{:02x}", ino & 0xff))
+        .join(format!("{ino:016x}"))
+}
+
+fn open_backing(path: &Path, create: bool) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(create)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// A new backing file (it must not exist), atime armed.
+fn make_backing(path: &Path) -> io::Result<File> {
+    let f = open_backing(path, true)?;
+    arm_atime(&f)?;
+    Ok(f)
 }
 
 /// Sets a backing file's atime to the sentinel 0 (mtime untouched): the

@@ -1,0 +1,314 @@
+//! Backing files made ahead of time.
+//!
+//! Creating a file in the filesystem under the volume is most of what a
+//! safs create costs, and on an aged filesystem (inode bitmaps to search)
+//! far more than the rest: done on the request path it is also done under
+//! the core's state lock. Inode numbers are taken one after the other and
+//! never reused, so the next numbers are known before anyone asks for
+//! them: a background thread keeps backing files ready, open and with
+//! their atime armed, for the next [`DEPTH`] inode numbers, and a create
+//! takes its file from here.
+//!
+//! A number that goes to a directory, symlink or device instead has its
+//! ready file removed by the same thread. Files for numbers never taken
+//! are removed when the pool stops (before a clean unmount is recorded);
+//! after a crash they are stray backing files like any other, removed by
+//! the mount's recovery.
+//!
+//! Not used on shared volumes: another daemon may take the numbers.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use parking_lot::{Condvar, Mutex};
+
+/// Files kept ready: enough to cover a burst of creates while the thread
+/// catches up, few enough that a mount leaves little behind.
+pub const DEPTH: u64 = 64;
+
+enum Slot {
+    /// The thread is creating it (outside the lock).
+    Making,
+    Ready(File),
+}
+
+struct Inner {
+    /// Ready (or being made) files by inode number, all at or above `next`.
+    slots: BTreeMap<u64, Slot>,
+    /// The lowest inode number not taken yet.
+    next: u64,
+    /// Files whose numbers went to something that has no backing file.
+    doomed: Vec<u64>,
+    /// Set when making a file failed: no more until the next take (the
+    /// request path then creates, and reports, for itself).
+    failed: bool,
+    stop: bool,
+}
+
+struct Shared {
+    inner: Mutex<Inner>,
+    changed: Condvar,
+}
+
+/// Where a backing file lives, by inode number.
+pub type PathOf = Arc<dyn Fn(u64) -> PathBuf + Send + Sync>;
+
+pub struct Pool {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    path: PathOf,
+}
+
+impl Pool {
+    /// Starts keeping files ready for inode numbers from `next` on, made
+    /// by `make` (the data store's create) at `path`.
+    pub fn start(
+        next: u64,
+        make: impl Fn(u64) -> std::io::Result<File> + Send + 'static,
+        path: PathOf,
+    ) -> std::io::Result<Pool> {
+        let shared = Arc::new(Shared {
+            inner: Mutex::new(Inner {
+                slots: BTreeMap::new(),
+                next,
+                doomed: Vec::new(),
+                failed: false,
+                stop: false,
+            }),
+            changed: Condvar::new(),
+        });
+        let (s, p) = (Arc::clone(&shared), Arc::clone(&path));
+        let thread = std::thread::Builder::new()
+            .name("safs-pool".into())
+            .spawn(move || s.fill(make, &*p))?;
+        Ok(Pool {
+            shared,
+            thread: Mutex::new(Some(thread)),
+            path,
+        })
+    }
+
+    /// Inode number `ino` is being taken (under the core's state lock, so
+    /// numbers arrive in order): its ready file if it is a regular file
+    /// and one is ready. None means: create it on the request path.
+    pub fn take(&self, ino: u64, regular: bool) -> Option<File> {
+        let mut g = self.shared.inner.lock();
+        g.next = g.next.max(ino + 1);
+        g.failed = false;
+        // Numbers below were taken without passing here: their files go.
+        let below: Vec<u64> = g.slots.range(..ino).map(|(&k, _)| k).collect();
+        for k in below {
+            if let Some(Slot::Ready(_)) = g.slots.remove(&k) {
+                g.doomed.push(k);
+            }
+        }
+        let file = loop {
+            match g.slots.get(&ino) {
+                // Moments away: waiting is cheaper than making another.
+                Some(Slot::Making) => self.shared.changed.wait(&mut g),
+                Some(Slot::Ready(_)) => match g.slots.remove(&ino) {
+                    Some(Slot::Ready(f)) => break Some(f),
+                    _ => unreachable!("checked above"),
+                },
+                None => break None,
+            }
+        };
+        let file = match (file, regular) {
+            (Some(f), true) => Some(f),
+            (Some(_), false) => {
+                g.doomed.push(ino);
+                None
+            }
+            (None, _) => None,
+        };
+        drop(g);
+        self.shared.changed.notify_all();
+        file
+    }
+
+    /// Stops the thread and removes every file made for a number not
+    /// taken. Called before a clean unmount is recorded.
+    pub fn stop(&self) {
+        self.shared.inner.lock().stop = true;
+        self.shared.changed.notify_all();
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
+        let mut g = self.shared.inner.lock();
+        let mut gone: Vec<u64> = std::mem::take(&mut g.doomed);
+        gone.extend(std::mem::take(&mut g.slots).into_keys());
+        drop(g);
+        for ino in gone {
+            remove(&*self.path, ino);
+        }
+    }
+
+    /// Files ready now.
+    #[cfg(test)]
+    fn ready(&self) -> usize {
+        let g = self.shared.inner.lock();
+        g.slots
+            .values()
+            .filter(|s| matches!(s, Slot::Ready(_)))
+            .count()
+    }
+}
+
+impl Drop for Pool {
+    /// Without [`Pool::stop`] (a daemon going down uncleanly) the files
+    /// stay: the next mount's recovery removes them.
+    fn drop(&mut self) {
+        self.shared.inner.lock().stop = true;
+        self.shared.changed.notify_all();
+        if let Some(t) = self.thread.get_mut().take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn remove(path: &dyn Fn(u64) -> PathBuf, ino: u64) {
+    let path = path(ino);
+    if let Err(e) = std::fs::remove_file(&path) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(path = %path.display(), error = %e, "cannot remove an unused ready backing file");
+        }
+    }
+}
+
+impl Shared {
+    fn fill(&self, make: impl Fn(u64) -> std::io::Result<File>, path: &dyn Fn(u64) -> PathBuf) {
+        let mut g = self.inner.lock();
+        loop {
+            if g.stop {
+                return;
+            }
+            if let Some(ino) = g.doomed.pop() {
+                drop(g);
+                remove(path, ino);
+                g = self.inner.lock();
+                continue;
+            }
+            let wanted = (g.next..g.next + DEPTH).find(|i| !g.slots.contains_key(i));
+            let Some(ino) = wanted.filter(|_| !g.failed) else {
+                self.changed.wait(&mut g);
+                continue;
+            };
+            g.slots.insert(ino, Slot::Making);
+            drop(g);
+            let made = make(ino);
+            g = self.inner.lock();
+            match made {
+                // Skipped meanwhile by a take of a higher number.
+                Ok(_) if !g.slots.contains_key(&ino) => g.doomed.push(ino),
+                Ok(f) => {
+                    g.slots.insert(ino, Slot::Ready(f));
+                }
+                Err(e) => {
+                    g.slots.remove(&ino);
+                    if !g.failed {
+                        tracing::warn!(ino, error = %e, "cannot make a backing file ahead of time; creates make their own");
+                    }
+                    g.failed = true;
+                }
+            }
+            // A take may be waiting for this one.
+            self.changed.notify_all();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool_in(dir: &std::path::Path, next: u64) -> Pool {
+        for i in 0..256 {
+            std::fs::create_dir_all(dir.join(format!("{i:02x}"))).unwrap();
+        }
+        let root = dir.to_path_buf();
+        let path: PathOf = Arc::new(move |ino: u64| {
+            root.join(format!("{:02x}", ino & 0xff))
+                .join(format!("{ino:016x}"))
+        });
+        let p2 = Arc::clone(&path);
+        Pool::start(
+            next,
+            move |ino| {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .open(p2(ino))
+            },
+            path,
+        )
+        .unwrap()
+    }
+
+    fn files(dir: &std::path::Path) -> Vec<u64> {
+        let mut v: Vec<u64> = walk(dir);
+        v.sort_unstable();
+        v
+    }
+
+    fn walk(dir: &std::path::Path) -> Vec<u64> {
+        let mut v = Vec::new();
+        for d in std::fs::read_dir(dir).unwrap().flatten() {
+            for f in std::fs::read_dir(d.path()).unwrap().flatten() {
+                v.push(u64::from_str_radix(&f.file_name().to_string_lossy(), 16).unwrap());
+            }
+        }
+        v
+    }
+
+    fn settle(p: &Pool, n: usize) {
+        let t = std::time::Instant::now();
+        while p.ready() < n {
+            assert!(t.elapsed().as_secs() < 10, "the pool never filled");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn takes_in_order_and_leaves_nothing_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = pool_in(dir.path(), 10);
+        settle(&p, DEPTH as usize);
+        assert_eq!(files(dir.path()), (10..10 + DEPTH).collect::<Vec<_>>());
+        // A file, a directory (its file goes), a number skipped by a
+        // caller that did not pass here, then a file again.
+        assert!(p.take(10, true).is_some());
+        assert!(p.take(11, false).is_none());
+        assert!(p.take(13, true).is_some());
+        settle(&p, DEPTH as usize);
+        let mut want: Vec<u64> = vec![10, 13];
+        want.extend(14..14 + DEPTH);
+        let t = std::time::Instant::now();
+        while files(dir.path()) != want {
+            assert!(t.elapsed().as_secs() < 10, "{:?}", files(dir.path()));
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        p.stop();
+        assert_eq!(files(dir.path()), vec![10, 13]);
+    }
+
+    #[test]
+    fn a_failing_filesystem_leaves_creates_to_the_request_path() {
+        let dir = tempfile::tempdir().unwrap();
+        // No backing directories: every make fails.
+        let r = dir.path().to_path_buf();
+        let p = Pool::start(
+            1,
+            move |ino| File::create_new(r.join("missing").join(ino.to_string())),
+            Arc::new(|ino| PathBuf::from(format!("/nonexistent/{ino}"))),
+        )
+        .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(p.ready(), 0);
+        assert!(p.take(1, true).is_none());
+        p.stop();
+    }
+}
