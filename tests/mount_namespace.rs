@@ -1148,10 +1148,13 @@ fn absent_names_are_cached_negative_and_every_new_name_replaces_them() {
     for _ in 0..100 {
         absent(&v.path("probe"));
     }
-    assert_eq!(
-        lookups(&v) - before,
-        own,
-        "100 probes of a known-absent name sent no LOOKUP"
+    // Without the negative entry each probe would send one; a `safs info`
+    // call itself sends 0 or 1 (`own` was measured once, so it may be off
+    // by one either way).
+    let sent = lookups(&v) - before;
+    assert!(
+        sent <= own + 1,
+        "100 probes of a known-absent name sent no LOOKUP: {sent} counted, a `safs info` call costs {own}"
     );
 
     fs::write(v.path("src"), b"source").unwrap();

@@ -40,8 +40,11 @@ struct Inner {
     slots: BTreeMap<u64, Slot>,
     /// The lowest inode number not taken yet.
     next: u64,
-    /// Files whose numbers went to something that has no backing file.
-    doomed: Vec<u64>,
+    /// Files whose numbers went to something that has no backing file,
+    /// still open: the thread renames them to a wanted number (cheaper
+    /// than a remove and a create: no inode freed and allocated) or, with
+    /// none wanted, removes them.
+    doomed: Vec<(u64, File)>,
     /// Set when making a file failed: no more until the next take (the
     /// request path then creates, and reports, for itself).
     failed: bool,
@@ -101,8 +104,8 @@ impl Pool {
         // Numbers below were taken without passing here: their files go.
         let below: Vec<u64> = g.slots.range(..ino).map(|(&k, _)| k).collect();
         for k in below {
-            if let Some(Slot::Ready(_)) = g.slots.remove(&k) {
-                g.doomed.push(k);
+            if let Some(Slot::Ready(f)) = g.slots.remove(&k) {
+                g.doomed.push((k, f));
             }
         }
         let file = loop {
@@ -118,8 +121,8 @@ impl Pool {
         };
         let file = match (file, regular) {
             (Some(f), true) => Some(f),
-            (Some(_), false) => {
-                g.doomed.push(ino);
+            (Some(f), false) => {
+                g.doomed.push((ino, f));
                 None
             }
             (None, _) => None,
@@ -138,7 +141,7 @@ impl Pool {
             let _ = t.join();
         }
         let mut g = self.shared.inner.lock();
-        let mut gone: Vec<u64> = std::mem::take(&mut g.doomed);
+        let mut gone: Vec<u64> = g.doomed.drain(..).map(|(ino, _)| ino).collect();
         gone.extend(std::mem::take(&mut g.slots).into_keys());
         drop(g);
         for ino in gone {
@@ -185,14 +188,30 @@ impl Shared {
             if g.stop {
                 return;
             }
-            if let Some(ino) = g.doomed.pop() {
+            let wanted = (g.next..g.next + DEPTH)
+                .find(|i| !g.slots.contains_key(i))
+                .filter(|_| !g.failed);
+            if let Some((old, file)) = g.doomed.pop() {
+                let Some(ino) = wanted else {
+                    drop(g);
+                    remove(path, old);
+                    g = self.inner.lock();
+                    continue;
+                };
+                g.slots.insert(ino, Slot::Making);
                 drop(g);
-                remove(path, ino);
+                let made = match std::fs::rename(path(old), path(ino)) {
+                    Ok(()) => Ok(file),
+                    Err(_) => {
+                        remove(path, old);
+                        make(ino)
+                    }
+                };
                 g = self.inner.lock();
+                self.made(&mut g, ino, made);
                 continue;
             }
-            let wanted = (g.next..g.next + DEPTH).find(|i| !g.slots.contains_key(i));
-            let Some(ino) = wanted.filter(|_| !g.failed) else {
+            let Some(ino) = wanted else {
                 self.changed.wait(&mut g);
                 continue;
             };
@@ -200,23 +219,28 @@ impl Shared {
             drop(g);
             let made = make(ino);
             g = self.inner.lock();
-            match made {
-                // Skipped meanwhile by a take of a higher number.
-                Ok(_) if !g.slots.contains_key(&ino) => g.doomed.push(ino),
-                Ok(f) => {
-                    g.slots.insert(ino, Slot::Ready(f));
-                }
-                Err(e) => {
-                    g.slots.remove(&ino);
-                    if !g.failed {
-                        tracing::warn!(ino, error = %e, "cannot make a backing file ahead of time; creates make their own");
-                    }
-                    g.failed = true;
-                }
-            }
-            // A take may be waiting for this one.
-            self.changed.notify_all();
+            self.made(&mut g, ino, made);
         }
+    }
+
+    /// Files a made (or renamed) file ready for `ino`.
+    fn made(&self, g: &mut Inner, ino: u64, made: std::io::Result<File>) {
+        match made {
+            // Skipped meanwhile by a take of a higher number.
+            Ok(f) if !g.slots.contains_key(&ino) => g.doomed.push((ino, f)),
+            Ok(f) => {
+                g.slots.insert(ino, Slot::Ready(f));
+            }
+            Err(e) => {
+                g.slots.remove(&ino);
+                if !g.failed {
+                    tracing::warn!(ino, error = %e, "cannot make a backing file ahead of time; creates make their own");
+                }
+                g.failed = true;
+            }
+        }
+        // A take may be waiting for this one.
+        self.changed.notify_all();
     }
 }
 
