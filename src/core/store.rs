@@ -856,6 +856,20 @@ impl Store {
                 let mut l = self.lease.lock();
                 l.seen = l.seen.max(e);
             }
+            if res.is_ok() {
+                // The files of inodes this batch freed: not under the
+                // overlay lock (every operation needs it, and a batch may
+                // free hundreds), and before the batch counts as durable
+                // (a clean unmount waits for that, then the process ends).
+                for path in &unlinks {
+                    match std::fs::remove_file(path) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            tracing::error!(path = %path.display(), error = %e, "cannot remove a freed backing file");
+                        }
+                        _ => {}
+                    }
+                }
+            }
 
             ov = self.overlay.lock();
             match res {
@@ -873,20 +887,6 @@ impl Store {
                     ov.committing = Arc::new(Map::new());
                     ov.committing_need = 0;
                     ov.held = self.engine.held();
-                    if !unlinks.is_empty() {
-                        // Not under the overlay lock: every operation needs
-                        // it, and a batch may free hundreds of files.
-                        drop(ov);
-                        for path in &unlinks {
-                            match std::fs::remove_file(path) {
-                                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                                    tracing::error!(path = %path.display(), error = %e, "cannot remove a freed backing file");
-                                }
-                                _ => {}
-                            }
-                        }
-                        ov = self.overlay.lock();
-                    }
                 }
                 Err(MetaError::LeaseLost(why)) => {
                     // Computed on a view another daemon has changed since:

@@ -149,20 +149,16 @@ impl Session {
     }
 
     /// Serves requests until the filesystem is unmounted; `ready` runs once
-    /// the kernel's INIT is answered (not at all if it was refused).
+    /// the kernel's INIT is answered and the transport it chose serves (not
+    /// at all if INIT was refused).
     pub fn run(self, ready: impl FnOnce()) -> std::io::Result<()> {
         let handler: Arc<dyn transport::Handler> = self.adapter.clone();
         let adapter = Arc::clone(&self.adapter);
         transport::serve(
             &self.conn,
             handler,
-            move |req| {
-                let outcome = adapter.init(req);
-                if outcome.is_ok() {
-                    ready();
-                }
-                outcome
-            },
+            move |req| adapter.init(req),
+            ready,
             &transport::ServeOptions {
                 threads: self.threads,
                 uring_depth: URING_DEPTH,

@@ -109,6 +109,9 @@ impl DevRoute {
 /// rings are started too (if that fails, `/dev/fuse` serves everything).
 /// FORGET, INTERRUPT and notifications always use `/dev/fuse`.
 ///
+/// `started` runs once everything that will serve is serving (the rings
+/// included), so that what the mount reports from then on is final.
+///
 /// Returns once reads fail with `ENODEV` (the mount is gone) in every
 /// worker, all of them joined; `Ok` also when the mount went away before
 /// INIT. A `Reply` still held then fails harmlessly.
@@ -116,6 +119,7 @@ pub fn serve(
     conn: &Conn,
     handler: Arc<dyn Handler>,
     init: impl FnOnce(RawRequest<'_>) -> Result<InitOutcome, i32>,
+    started: impl FnOnce(),
     o: &ServeOptions,
 ) -> io::Result<()> {
     let Some(outcome) = answer_init(conn, init)? else {
@@ -177,6 +181,7 @@ pub fn serve(
     } else {
         None
     };
+    started();
 
     let mut result = Ok(());
     for w in workers {

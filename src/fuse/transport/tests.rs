@@ -189,7 +189,7 @@ fn start_uring(
             uring_depth: 4,
             status: Default::default(),
         };
-        let _ = tx.send(serve(&serving, handler, init, &o));
+        let _ = tx.send(serve(&serving, handler, init, || {}, &o));
     });
     let mut m = Mounted {
         dir,
@@ -387,7 +387,7 @@ fn refused_init_fails_serve_and_the_callers() {
             status: Default::default(),
         };
         let handler = Arc::new(TestFs::default());
-        let _ = tx.send(serve(&conn, handler, |_| Err(libc::EPROTO), &o));
+        let _ = tx.send(serve(&conn, handler, |_| Err(libc::EPROTO), || {}, &o));
     });
     let e = std::fs::metadata(dir.path()).unwrap_err();
     // Refused; or, once `serve` returned and closed the session file,
