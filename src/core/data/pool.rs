@@ -10,7 +10,8 @@
 //! takes its file from here.
 //!
 //! A number that goes to a directory, symlink or device instead has its
-//! ready file removed by the same thread. Files for numbers never taken
+//! ready file renamed by the same thread to the next number wanted (or
+//! removed when none is). Files for numbers never taken
 //! are removed when the pool stops (before a clean unmount is recorded);
 //! after a crash they are stray backing files like any other, removed by
 //! the mount's recovery.
@@ -48,6 +49,9 @@ struct Inner {
     /// Set when making a file failed: no more until the next take (the
     /// request path then creates, and reports, for itself).
     failed: bool,
+    /// A failure was logged; cleared by the next file made (one line per
+    /// spell of failures, not one per create).
+    warned: bool,
     stop: bool,
 }
 
@@ -79,6 +83,7 @@ impl Pool {
                 next,
                 doomed: Vec::new(),
                 failed: false,
+                warned: false,
                 stop: false,
             }),
             changed: Condvar::new(),
@@ -135,11 +140,7 @@ impl Pool {
     /// Stops the thread and removes every file made for a number not
     /// taken. Called before a clean unmount is recorded.
     pub fn stop(&self) {
-        self.shared.inner.lock().stop = true;
-        self.shared.changed.notify_all();
-        if let Some(t) = self.thread.lock().take() {
-            let _ = t.join();
-        }
+        self.halt();
         let mut g = self.shared.inner.lock();
         let mut gone: Vec<u64> = g.doomed.drain(..).map(|(ino, _)| ino).collect();
         gone.extend(std::mem::take(&mut g.slots).into_keys());
@@ -164,9 +165,16 @@ impl Drop for Pool {
     /// Without [`Pool::stop`] (a daemon going down uncleanly) the files
     /// stay: the next mount's recovery removes them.
     fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+impl Pool {
+    /// Stops the thread and waits for it.
+    fn halt(&self) {
         self.shared.inner.lock().stop = true;
         self.shared.changed.notify_all();
-        if let Some(t) = self.thread.get_mut().take() {
+        if let Some(t) = self.thread.lock().take() {
             let _ = t.join();
         }
     }
@@ -230,13 +238,15 @@ impl Shared {
             Ok(f) if !g.slots.contains_key(&ino) => g.doomed.push((ino, f)),
             Ok(f) => {
                 g.slots.insert(ino, Slot::Ready(f));
+                g.warned = false;
             }
             Err(e) => {
                 g.slots.remove(&ino);
-                if !g.failed {
+                if !g.warned {
                     tracing::warn!(ino, error = %e, "cannot make a backing file ahead of time; creates make their own");
                 }
                 g.failed = true;
+                g.warned = true;
             }
         }
         // A take may be waiting for this one.
