@@ -43,8 +43,21 @@ fn core(c: &mut Criterion) {
             .expect("setxattr");
     }
 
+    let (one, _h) = fs
+        .create(&ctx, safs::core::Ino::ROOT, b"one", 0o644, 0, libc::O_RDWR)
+        .expect("create");
+    fs.setxattr(&ctx, one.ino, b"user.stream.00100", &[b'v'; 40], 0)
+        .expect("setxattr");
+
     let mut g = c.benchmark_group("core/2000-xattrs");
     let mut flip = 0u8;
+    g.bench_function("setxattr_replace_on_file_with_one", |b| {
+        b.iter(|| {
+            flip = flip.wrapping_add(1);
+            fs.setxattr(&ctx, one.ino, b"user.stream.00100", &[flip; 40], 0)
+                .expect("setxattr")
+        })
+    });
     g.bench_function("setxattr_replace_spilled", |b| {
         b.iter(|| {
             flip = flip.wrapping_add(1);

@@ -107,6 +107,8 @@ pub fn describe_key(key: &[u8]) -> String {
             let rest = &key[9..];
             if rest.is_empty() {
                 format!("{}{}", *p as char, ino)
+            } else if *p == crate::format::keys::P_SPILL && rest.len() == 1 {
+                format!("S{ino} page {}", rest[0])
             } else {
                 format!("{}{}/{}", *p as char, ino, String::from_utf8_lossy(rest))
             }

@@ -282,7 +282,7 @@ impl Fs {
             counters,
             if dircache { opts.cache_bytes / 2 } else { 0 },
         );
-        let fs = Fs {
+        let mut fs = Fs {
             layout,
             budget: sb.inline_bytes as usize,
             sb,
@@ -298,6 +298,9 @@ impl Fs {
             kernel: std::sync::OnceLock::new(),
         };
         fs.recover()?;
+        if !fs.opts.read_only {
+            fs.sb.features |= crate::format::superblock::FEATURE_SPILL_PAGES;
+        }
         if !fs.opts.read_only && !fs.store.is_shared() {
             fs.data.start_pool(fs.state.lock().next_ino());
         }
@@ -370,6 +373,15 @@ impl Fs {
             }
             None => None,
         };
+        if !self.opts.read_only && !self.sb.has_spill_pages() {
+            // This build may write spill pages past page 0: builds that
+            // would not read them must refuse the volume from now on.
+            let mut sb = self.sb.clone();
+            sb.features |= crate::format::superblock::FEATURE_SPILL_PAGES;
+            self.store
+                .apply(vec![(keys::SUPERBLOCK.to_vec(), Some(sb.encode()))]);
+            tracing::info!("volume upgraded: the spill tier may now be paged");
+        }
         // Markers of early builds (open-for-writing) are retired.
         self.scan_keys(keys::P_WRITING, |k| {
             self.store.apply(vec![(k.to_vec(), None)]);
@@ -639,10 +651,16 @@ impl Fs {
         ] {
             w.push((key.to_vec(), None));
         }
-        if inode.as_ref().is_none_or(|i| i.overflow > 0) {
-            let (start, end) = keys::ino_range(keys::P_OVERFLOW, ino);
-            for (k, _) in self.store.scan(&start, &end, usize::MAX)? {
-                w.push((k, None));
+        // Spill pages past page 0 and overflow values: found by a scan, only
+        // when the inode says it has some (or is unreadable).
+        let spill_pages = inode.as_ref().is_none_or(|i| i.spill_len > 0);
+        let overflow = inode.as_ref().is_none_or(|i| i.overflow > 0);
+        for (wanted, prefix) in [(spill_pages, keys::P_SPILL), (overflow, keys::P_OVERFLOW)] {
+            if wanted {
+                let (start, end) = keys::ino_range(prefix, ino);
+                for (k, _) in self.store.scan(&start, &end, usize::MAX)? {
+                    w.push((k, None));
+                }
             }
         }
         let backing = inode

@@ -16,6 +16,7 @@ use super::{Attr, CoreError, Ctx, FIRST_COOKIE, Fs, Result, State, acl, check_na
 use crate::format::dirent::{Dirent, IndexEntry, decode_symlink, encode_marker, encode_symlink};
 use crate::format::inode::{Inode, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, Timestamp};
 use crate::format::keys;
+use crate::format::spill::Spill;
 use crate::format::xattrs::XattrSet;
 use crate::meta::Write;
 
@@ -458,7 +459,7 @@ impl Fs {
         };
         let mut perm = mode & 0o7777;
         let mut inline = XattrSet::new();
-        let mut spill = XattrSet::new();
+        let mut spill = Spill::new();
         if ftype == S_IFLNK {
             perm = 0o777;
         } else {
@@ -513,16 +514,10 @@ impl Fs {
             overflow: 0,
             inline,
         };
-        if !spill.is_empty() {
-            let k = keys::spill(ino);
-            work.writes.push((
-                k.to_vec(),
-                Some(crate::format::envelope::seal(
-                    &k,
-                    crate::format::envelope::Kind::Spill,
-                    &spill.encode(),
-                )),
-            ));
+        for (p, _) in spill.stored() {
+            let k = keys::spill_page(ino, p);
+            let rec = spill.sealed_page(p, &k);
+            work.writes.push((k, rec));
         }
         if let Some(t) = target {
             let k = keys::symlink(ino);

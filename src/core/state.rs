@@ -18,19 +18,19 @@ use lru::LruCache;
 
 use super::dircache::DirCache;
 use crate::format::inode::Inode;
+use crate::format::spill::Spill;
 use crate::format::superblock::Counters;
-use crate::format::xattrs::XattrSet;
 
-/// A decoded inode and, once read, its spill set.
+/// A decoded inode and, once read, its spill tier.
 pub(super) struct Cached {
     pub inode: Inode,
-    /// `None` until first needed; then the spill record's set (empty if none).
-    pub spill: Option<XattrSet>,
+    /// `None` until first needed; then the spill pages (empty if none).
+    pub spill: Option<Spill>,
 }
 
 /// What a cache entry is charged against the byte budget.
 fn cached_cost(c: &Cached) -> usize {
-    256 + c.inode.inline.packed_len() + c.spill.as_ref().map_or(0, XattrSet::packed_len)
+    256 + c.inode.inline.packed_len() + c.spill.as_ref().map_or(0, Spill::packed_len)
 }
 
 /// Open state of one inode.
@@ -190,7 +190,7 @@ impl State {
         }
     }
 
-    pub fn set_spill(&mut self, ino: u64, set: XattrSet) {
+    pub fn set_spill(&mut self, ino: u64, set: Spill) {
         self.cache_update(ino, |c| c.spill = Some(set));
     }
 

@@ -164,11 +164,157 @@ fn tiers_survive_remount_and_absent_names_need_no_read() {
             .unwrap();
     }
     fs.sync().unwrap();
-    let (s, e) = keys::ino_range(keys::P_OVERFLOW, ino.0);
-    assert!(t.engine.scan(&s, &e, 10).unwrap().is_empty());
-    assert!(t.engine.get(&keys::spill(ino.0)).unwrap().is_none());
+    for prefix in [keys::P_OVERFLOW, keys::P_SPILL] {
+        let (s, e) = keys::ino_range(prefix, ino.0);
+        assert!(t.engine.scan(&s, &e, 10).unwrap().is_empty());
+    }
     let i = fs.getattr(ino).unwrap();
     assert_eq!(i.ino, ino);
+}
+
+/// The spill keys of `ino` that hold records.
+fn spill_keys(t: &T, ino: Ino) -> Vec<Vec<u8>> {
+    let (s, e) = keys::ino_range(keys::P_SPILL, ino.0);
+    t.engine
+        .scan(&s, &e, usize::MAX)
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect()
+}
+
+fn stream(i: usize) -> Vec<u8> {
+    format!("user.stream.{i:05}").into_bytes()
+}
+
+#[test]
+fn a_set_on_a_file_with_many_xattrs_rewrites_one_spill_page() {
+    let t = setup(320);
+    let ino = file(&t, "many");
+    for i in 0..1500 {
+        t.fs.setxattr(&Ctx::root(), ino, &stream(i), &[i as u8; 40], 0)
+            .unwrap();
+    }
+    t.fs.sync().unwrap();
+    let pages = spill_keys(&t, ino);
+    assert!(pages.len() > 30, "the spill tier is paged: {}", pages.len());
+    for i in [100, 700, 1499] {
+        t.engine.written.lock().clear();
+        t.fs.setxattr(&Ctx::root(), ino, &stream(i), &[0xee; 40], 0)
+            .unwrap();
+        t.fs.sync().unwrap();
+        let written = t.engine.written.lock().clone();
+        let spilled: Vec<_> = written.iter().filter(|k| k[0] == keys::P_SPILL).collect();
+        assert!(spilled.len() <= 1, "one page at most: {spilled:?}");
+        for k in spilled {
+            let len = t.engine.get(k).unwrap().map_or(0, |v| v.len());
+            assert!(len <= crate::format::spill::PAGE_BYTES + 64, "{len} bytes");
+        }
+        assert!(written.len() <= 3, "inode, one page, counters: {written:?}");
+    }
+    t.fs.removexattr(ino, &stream(3)).unwrap();
+    t.fs.close().unwrap();
+    let sb = t.fs.superblock().clone();
+    let fs = remount(t._dir.path(), &t.engine, sb);
+    for i in 0..1500 {
+        let want = if [100, 700, 1499].contains(&i) {
+            vec![0xee; 40]
+        } else {
+            vec![i as u8; 40]
+        };
+        match fs.getxattr(ino, &stream(i)) {
+            Ok(v) => assert_eq!(v, want, "{i}"),
+            Err(CoreError::NoData) => assert_eq!(i, 3),
+            Err(e) => panic!("{i}: {e}"),
+        }
+    }
+    let names = fs.listxattr(&Ctx::root(), ino).unwrap();
+    assert_eq!(names.iter().filter(|&&b| b == 0).count(), 1499);
+}
+
+/// A volume made before spill pages: one spill record (over a page's
+/// size) at page 0's key and no SPILL_PAGES feature. It mounts, reads,
+/// changes, gets the feature, and a change elsewhere leaves the old record
+/// alone.
+#[test]
+fn a_whole_spill_record_of_an_older_volume_keeps_working() {
+    use crate::format::envelope::{Kind, open, seal};
+    use crate::format::xattrs::XattrSet;
+    let t = setup(320);
+    let ino = file(&t, "old");
+    for i in 0..300 {
+        t.fs.setxattr(&Ctx::root(), ino, &stream(i), &[i as u8; 40], 0)
+            .unwrap();
+    }
+    t.fs.close().unwrap();
+    // Rewrite the pages as one record, as older builds stored it.
+    let mut whole = XattrSet::new();
+    let mut w: Vec<Write> = Vec::new();
+    for k in spill_keys(&t, ino) {
+        let rec = t.engine.get(&k).unwrap().unwrap();
+        let set = XattrSet::decode(open(&k, Kind::Spill, &rec).unwrap()).unwrap();
+        for (n, v) in set.iter() {
+            whole.insert(n.to_vec(), v.to_vec());
+        }
+        w.push((k, None));
+    }
+    assert!(whole.packed_len() > crate::format::spill::PAGE_BYTES);
+    let k0 = keys::spill(ino.0);
+    w.push((k0.to_vec(), Some(seal(&k0, Kind::Spill, &whole.encode()))));
+    let ik = keys::inode(ino.0);
+    let mut inode = Inode::decode(&ik, &t.engine.get(&ik).unwrap().unwrap()).unwrap();
+    inode.spill_len = whole.packed_len() as u32;
+    w.push((ik.to_vec(), Some(inode.encode(&ik))));
+    let mut sb = t.fs.superblock().clone();
+    sb.features &= !crate::format::superblock::FEATURE_SPILL_PAGES;
+    w.push((keys::SUPERBLOCK.to_vec(), Some(sb.encode())));
+    t.engine.commit(&w).unwrap();
+
+    let fs = remount(t._dir.path(), &t.engine, sb);
+    assert!(fs.superblock().has_spill_pages());
+    let on_disk = crate::core::volume::read_superblock(t.engine.as_ref()).unwrap();
+    assert!(on_disk.has_spill_pages(), "the upgrade is recorded");
+    for i in 0..300 {
+        assert_eq!(fs.getxattr(ino, &stream(i)).unwrap(), vec![i as u8; 40]);
+    }
+    // New names go to new pages; the whole record is not rewritten.
+    t.engine.written.lock().clear();
+    fs.setxattr(&Ctx::root(), ino, b"user.new", &[1; 40], 0)
+        .unwrap();
+    fs.sync().unwrap();
+    assert!(!t.engine.written.lock().contains(&k0.to_vec()));
+    // A change inside it rewrites it, smaller.
+    fs.removexattr(ino, &stream(5)).unwrap();
+    fs.close().unwrap();
+    let fs = remount(t._dir.path(), &t.engine, fs.superblock().clone());
+    assert_eq!(fs.getxattr(ino, b"user.new").unwrap(), vec![1; 40]);
+    assert!(matches!(
+        fs.getxattr(ino, &stream(5)),
+        Err(CoreError::NoData)
+    ));
+    assert_eq!(fs.getxattr(ino, &stream(299)).unwrap(), vec![43u8; 40]);
+}
+
+/// A spill page that goes missing (or an inode whose spill size disagrees
+/// with its pages) is reported as corruption, never served as a shorter
+/// set.
+#[test]
+fn a_missing_spill_page_is_corruption() {
+    let t = setup(320);
+    let ino = file(&t, "f");
+    for i in 0..200 {
+        t.fs.setxattr(&Ctx::root(), ino, &stream(i), &[i as u8; 40], 0)
+            .unwrap();
+    }
+    t.fs.close().unwrap();
+    let pages = spill_keys(&t, ino);
+    assert!(pages.len() > 2);
+    t.engine.commit(&[(pages[1].clone(), None)]).unwrap();
+    let fs = remount(t._dir.path(), &t.engine, t.fs.superblock().clone());
+    assert!(matches!(
+        fs.getxattr(ino, &stream(199)),
+        Err(CoreError::Corrupt { .. })
+    ));
 }
 
 #[test]

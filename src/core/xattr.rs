@@ -11,6 +11,7 @@ use super::{CoreError, Ctx, Fs, Ino, Result, State, acl};
 use crate::format::envelope::{Kind, open, seal};
 use crate::format::inode::{Inode, Timestamp};
 use crate::format::keys;
+use crate::format::spill::{self, Spill};
 use crate::format::xattrs::XattrSet;
 use crate::format::{XATTR_NAME_MAX, XATTR_SIZE_MAX};
 use crate::meta::Write;
@@ -45,20 +46,20 @@ enum Found {
 }
 
 impl Fs {
-    /// The spill set of `ino`, read once and then kept with the cached inode.
-    fn spill_set<'s>(&self, st: &'s mut State, ino: u64) -> Result<&'s XattrSet> {
+    /// The spill tier of `ino`, read once and then kept with the cached inode.
+    fn spill_set<'s>(&self, st: &'s mut State, ino: u64) -> Result<&'s Spill> {
         if self.load(st, ino)?.spill.is_none() {
             let set = self.read_spill(st, ino)?;
             st.set_spill(ino, set);
         }
-        Ok(self.load(st, ino)?.spill.get_or_insert_with(XattrSet::new))
+        Ok(self.load(st, ino)?.spill.get_or_insert_with(Spill::new))
     }
 
-    /// The spill set of `ino`, moved out of the cache for a change (a set
-    /// can hold thousands of entries: no copy per operation). The caller
+    /// The spill tier of `ino`, moved out of the cache for a change (it
+    /// can hold a thousand entries: no copy per operation). The caller
     /// puts it back with `set_spill`; if it fails first, the next use reads
     /// the committed record again.
-    fn take_spill(&self, st: &mut State, ino: u64) -> Result<XattrSet> {
+    fn take_spill(&self, st: &mut State, ino: u64) -> Result<Spill> {
         let mut taken = None;
         st.cache_update(ino, |c| taken = c.spill.take());
         match taken {
@@ -67,22 +68,34 @@ impl Fs {
         }
     }
 
-    /// Reads and decodes the spill record of `ino` (empty if it has none).
-    fn read_spill(&self, st: &mut State, ino: u64) -> Result<XattrSet> {
+    /// Reads and decodes the spill pages of `ino` (none if `spill_len` is
+    /// 0): one range read of adjacent keys.
+    fn read_spill(&self, st: &mut State, ino: u64) -> Result<Spill> {
         let c = self.load(st, ino)?;
-        let set = if c.inode.spill_len == 0 {
-            XattrSet::new()
-        } else {
-            let key = keys::spill(ino);
-            let rec = self.store.get(&key)?.ok_or_else(|| {
-                CoreError::corrupt(
-                    &key,
-                    crate::format::FormatError::Malformed("spill record missing"),
-                )
-            })?;
-            let payload = open(&key, Kind::Spill, &rec).map_err(|e| CoreError::corrupt(&key, e))?;
-            XattrSet::decode(payload).map_err(|e| CoreError::corrupt(&key, e))?
-        };
+        if c.inode.spill_len == 0 {
+            return Ok(Spill::new());
+        }
+        let want = c.inode.spill_len as usize;
+        let key = keys::spill(ino);
+        let malformed =
+            |k: &[u8], what| CoreError::corrupt(k, crate::format::FormatError::Malformed(what));
+        let (start, end) = keys::ino_range(keys::P_SPILL, ino);
+        let mut pages = Vec::new();
+        for (k, rec) in self.store.scan(&start, &end, spill::MAX_PAGES + 1)? {
+            let p = keys::spill_page_of(&k).ok_or_else(|| malformed(&k, "spill key"))?;
+            let payload = open(&k, Kind::Spill, &rec).map_err(|e| CoreError::corrupt(&k, e))?;
+            pages.push((
+                p,
+                XattrSet::decode(payload).map_err(|e| CoreError::corrupt(&k, e))?,
+            ));
+        }
+        let set = Spill::from_pages(pages).map_err(|what| malformed(&key, what))?;
+        if set.packed_len() != want {
+            return Err(malformed(
+                &key,
+                "spill pages disagree with the inode's spill size",
+            ));
+        }
         Ok(set)
     }
 
@@ -128,7 +141,7 @@ impl Fs {
     }
 
     /// Sets (`Some`) or removes (`None`) `name` on `inode`, whose inline set
-    /// is current and whose spill set is `spill` (`None`: not loaded yet).
+    /// is current and whose spill tier is `spill` (`None`: not loaded yet).
     /// Pushes the records the change touches and updates the cache; the
     /// caller owns writing `inode` itself.
     #[allow(clippy::too_many_arguments)]
@@ -138,7 +151,7 @@ impl Fs {
         w: &mut Vec<Write>,
         ino: u64,
         inode: &mut Inode,
-        spill: Option<XattrSet>,
+        spill: Option<Spill>,
         name: &[u8],
         value: Option<Vec<u8>>,
     ) -> Result<Option<Tier>> {
@@ -165,15 +178,15 @@ impl Fs {
             ),
             None => tiers::remove(&mut inode.inline, &mut spill, in_overflow, name),
         };
-        if t.spill {
-            let key = keys::spill(ino);
-            if spill.is_empty() {
-                inode.spill_len = 0;
-                w.push((key.to_vec(), None));
-            } else {
-                inode.spill_len = spill.packed_len() as u32;
-                w.push((key.to_vec(), Some(seal(&key, Kind::Spill, &spill.encode()))));
+        if t.spill != 0 {
+            // Only the pages the change touched: the cost of a set does not
+            // grow with the rest of the file's xattrs.
+            for p in Spill::pages_in(t.spill) {
+                let key = keys::spill_page(ino, p);
+                let rec = spill.sealed_page(p, &key);
+                w.push((key, rec));
             }
+            inode.spill_len = spill.packed_len() as u32;
         }
         if let Some(ov) = t.overflow {
             let key = self.keyspace.overflow(ino, name);

@@ -54,11 +54,19 @@ fn checksum(key: &[u8], head: &[u8], payload: &[u8]) -> u32 {
 
 /// Wraps `payload` for storage under `key`.
 pub fn seal(key: &[u8], kind: Kind, payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER + payload.len() + TRAILER);
+    seal_with(key, kind, payload.len(), |out| {
+        out.extend_from_slice(payload)
+    })
+}
+
+/// [`seal`] of the payload `write` appends (about `len` bytes), encoded in
+/// place: no copy of a large payload.
+pub fn seal_with(key: &[u8], kind: Kind, len: usize, write: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER + len + TRAILER);
     out.push(kind as u8);
     out.push(PAYLOAD_VERSION);
-    out.extend_from_slice(payload);
-    let crc = checksum(key, &out[..HEADER], payload);
+    write(&mut out);
+    let crc = checksum(key, &out[..HEADER], &out[HEADER..]);
     out.extend_from_slice(&crc.to_be_bytes());
     out
 }

@@ -5,7 +5,7 @@
 //! | `V`                               | Superblock          | uuid, format version, inline budget    |
 //! | `N`                               | Counters            | next inode number, inodes in use       |
 //! | `I` ino:u64                       | Inode               | attributes + inline SA xattr area      |
-//! | `S` ino:u64                       | Spill               | packed xattrs that missed the inline area (≤ 64 KiB) |
+//! | `S` ino:u64 [page:u8]             | Spill               | packed xattrs that missed the inline area, in pages (page 0 without the byte; ≤ 64 KiB in all, see `format::spill`) |
 //! | `X` ino:u64 name                  | Overflow            | one xattr value that fits neither      |
 //! | `D` parent:u64 name               | Dirent              | name → (ino, type, cookie): lookup     |
 //! | `C` parent:u64 cookie:u64         | DirIndex            | cookie → (name, ino, type): readdir    |
@@ -49,6 +49,25 @@ pub fn inode(ino: u64) -> [u8; 9] {
 
 pub fn spill(ino: u64) -> [u8; 9] {
     ino_key(P_SPILL, ino)
+}
+
+/// Page `page` of the spill tier of `ino`: page 0 is the spill record of
+/// volumes made before pages, `S ino`; the others carry their number.
+pub fn spill_page(ino: u64, page: usize) -> Vec<u8> {
+    let mut k = spill(ino).to_vec();
+    if page > 0 {
+        k.push(page as u8);
+    }
+    k
+}
+
+/// The page number of a spill key (`None`: not a spill key's shape).
+pub fn spill_page_of(key: &[u8]) -> Option<usize> {
+    match key.len() {
+        9 => Some(0),
+        10 if key[9] > 0 => Some(usize::from(key[9])),
+        _ => None,
+    }
 }
 
 pub fn symlink(ino: u64) -> [u8; 9] {

@@ -11,6 +11,7 @@ pub mod dirent;
 pub mod envelope;
 pub mod inode;
 pub mod keys;
+pub mod spill;
 pub mod superblock;
 pub mod xattrs;
 
@@ -26,7 +27,8 @@ pub const NAME_MAX: usize = 255;
 pub const XATTR_NAME_MAX: usize = 255;
 pub const XATTR_SIZE_MAX: usize = 65_536;
 pub const XATTR_LIST_MAX: usize = 65_536;
-/// Largest packed spill record (the ZFS spill block size).
+/// Most packed bytes of an inode's spill tier, all pages (the ZFS spill
+/// block size).
 pub const SPILL_MAX: usize = 65_536;
 /// Longest symlink target accepted (`PATH_MAX`).
 pub const SYMLINK_MAX: usize = 4095;

@@ -24,6 +24,10 @@ pub const FEATURE_ENCRYPTED: u64 = 1;
 /// Encrypted contents are sealed one block per 4 KiB page (never torn by a
 /// killed daemon); without it, in 4 KiB blocks straddling pages.
 pub const FEATURE_PAGE_BLOCKS: u64 = 2;
+/// The spill tier may be split into pages (`format::spill`). A build that
+/// reads only page 0 would miss the others, so it must refuse the volume.
+/// Set at format, and on an older volume at its first writable mount.
+pub const FEATURE_SPILL_PAGES: u64 = 4;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
@@ -37,6 +41,10 @@ pub struct Superblock {
 impl Superblock {
     pub fn is_encrypted(&self) -> bool {
         self.features & FEATURE_ENCRYPTED != 0
+    }
+
+    pub fn has_spill_pages(&self) -> bool {
+        self.features & FEATURE_SPILL_PAGES != 0
     }
 
     pub fn has_page_blocks(&self) -> bool {

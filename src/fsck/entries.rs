@@ -223,7 +223,7 @@ impl Checker<'_> {
                 names: 1,
                 subdirs: 0,
                 named_in: Some(ROOT_INO),
-                has_spill: false,
+                spill_seen: 0,
                 overflow_seen: 0,
                 has_symlink: false,
                 orphan_marker: false,

@@ -25,7 +25,7 @@ impl Checker<'_> {
                             names: 0,
                             subdirs: 0,
                             named_in: None,
-                            has_spill: false,
+                            spill_seen: 0,
                             overflow_seen: 0,
                             has_symlink: false,
                             orphan_marker: false,

@@ -184,7 +184,8 @@ struct Info {
     subdirs: u32,
     /// The directory holding this directory's one name.
     named_in: Option<u64>,
-    has_spill: bool,
+    /// Σ packed sizes of the readable spill pages.
+    spill_seen: usize,
     overflow_seen: u32,
     has_symlink: bool,
     orphan_marker: bool,

@@ -33,11 +33,10 @@ fn shape(key: &[u8]) -> Shape {
         _ if key == keys::SUPERBLOCK || key == keys::KEY_RECORD => Shape::Clear,
         _ if key == keys::COUNTERS || key == keys::MOUNT_STATE => Shape::Volume,
         Some(keys::P_INODE) if key.len() == 9 => Shape::Inode(ino),
-        Some(keys::P_SPILL | keys::P_SYMLINK | keys::P_ORPHAN | keys::P_WRITING)
-            if key.len() == 9 =>
-        {
+        Some(keys::P_SYMLINK | keys::P_ORPHAN | keys::P_WRITING) if key.len() == 9 => {
             Shape::Of(ino)
         }
+        Some(keys::P_SPILL) if keys::spill_page_of(key).is_some() => Shape::Of(ino),
         Some(keys::P_DIRINDEX) if key.len() == 17 => Shape::Of(ino),
         Some(keys::P_DIRENT) if named(NAME_MAX) => Shape::Of(ino),
         Some(keys::P_OVERFLOW) if named(XATTR_NAME_MAX) => Shape::Of(ino),

@@ -89,12 +89,16 @@ impl Checker<'_> {
                     }
                 }
             }
-            if i.spill_len > 0 && !info.has_spill {
+            if i.spill_len as usize != info.spill_seen {
                 self.find(
-                    format!("inode {ino}: spill record missing; its spilled xattrs are lost"),
+                    if info.spill_seen == 0 {
+                        format!("inode {ino}: spill record missing; its spilled xattrs are lost")
+                    } else {
+                        format!("inode {ino}: spill size disagrees with its spill pages")
+                    },
                     true,
                 );
-                i.spill_len = 0;
+                i.spill_len = info.spill_seen as u32;
                 info.dirty = true;
             }
             if i.overflow != info.overflow_seen {
@@ -170,8 +174,14 @@ impl Checker<'_> {
         ] {
             self.writes.push((k.to_vec(), None));
         }
-        if inode.overflow > 0 {
-            let (s, e) = keys::ino_range(keys::P_OVERFLOW, ino);
+        for (wanted, prefix) in [
+            (inode.spill_len > 0, keys::P_SPILL),
+            (inode.overflow > 0, keys::P_OVERFLOW),
+        ] {
+            if !wanted {
+                continue;
+            }
+            let (s, e) = keys::ino_range(prefix, ino);
             // Keys only: the engine's own scan, which opens no value.
             if let Ok(recs) = self.raw.scan(&s, &e, usize::MAX) {
                 for (k, _) in recs {

@@ -1,12 +1,19 @@
 //! Records attached to inodes: spill sets, overflow values, symlink
 //! targets, orphan and writer markers.
 
+use std::collections::HashSet;
+
 use super::*;
+use crate::format::spill::MAX_PAGES;
 
 impl Checker<'_> {
     pub(super) fn pass_attachments(&mut self) -> Result<()> {
+        // Pages of one inode come together (key order): the names seen in
+        // its earlier pages, to find one in two pages.
+        let mut paged: (u64, HashSet<Vec<u8>>) = (u64::MAX, HashSet::new());
         self.each(keys::P_SPILL, |c, k, v| {
             let ino = keys::key_ino(&k).unwrap_or(0);
+            let page = keys::spill_page_of(&k);
             let set = decoded(&v, |v| {
                 open(&k, Kind::Spill, v)
                     .map_err(|e| e.to_string())
@@ -17,34 +24,39 @@ impl Checker<'_> {
                 c.delete(&k);
                 return;
             };
+            let set = match (page, set) {
+                (None, _) => Err("not a spill page's key".to_string()),
+                (Some(p), Ok(_)) if p >= MAX_PAGES => Err(format!("page {p} out of range")),
+                (Some(_), set) => set,
+            };
             match set {
                 Ok(set) => {
-                    info.has_spill = true;
-                    let wrong_size = info.inode.spill_len as usize != set.packed_len();
-                    if wrong_size {
-                        info.inode.spill_len = set.packed_len() as u32;
-                        info.dirty = true;
-                    }
+                    info.spill_seen += set.packed_len();
                     let dup = set.names().any(|n| info.inode.inline.contains(n));
                     c.report.xattr_records += 1;
-                    if wrong_size {
-                        c.find(
-                            format!("inode {ino}: spill size disagrees with its spill record"),
-                            true,
-                        );
+                    if paged.0 != ino {
+                        paged = (ino, HashSet::new());
                     }
+                    let twice = set.names().any(|n| !paged.1.insert(n.to_vec()));
                     if dup {
                         c.find(
                             format!("inode {ino}: an xattr is both inline and spilled"),
                             false,
                         );
                     }
+                    if twice {
+                        c.find(
+                            format!("inode {ino}: an xattr is in two spill pages"),
+                            false,
+                        );
+                    }
                 }
                 Err(e) => {
-                    info.inode.spill_len = 0;
-                    info.dirty = true;
                     c.find(
-                        format!("inode {ino}: spill record unreadable ({e}); its xattrs are lost"),
+                        format!(
+                            "inode {ino}: spill page {} unreadable ({e}); its xattrs are lost",
+                            c.describe(&k)
+                        ),
                         true,
                     );
                     c.delete(&k);

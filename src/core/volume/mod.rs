@@ -34,8 +34,9 @@ pub const DEFAULT_INLINE_BYTES: u32 = 320;
 pub const MAX_INLINE_BYTES: u32 = 16_384;
 pub const ROOT_INO: u64 = 1;
 /// Feature bits this build understands.
-pub const KNOWN_FEATURES: u64 =
-    crate::format::superblock::FEATURE_ENCRYPTED | crate::format::superblock::FEATURE_PAGE_BLOCKS;
+pub const KNOWN_FEATURES: u64 = crate::format::superblock::FEATURE_ENCRYPTED
+    | crate::format::superblock::FEATURE_PAGE_BLOCKS
+    | crate::format::superblock::FEATURE_SPILL_PAGES;
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -234,12 +235,13 @@ pub fn initial_records(opts: &FormatOptions) -> (Superblock, Vec<crate::meta::Wr
         format_version: FORMAT_VERSION,
         uuid: *uuid::Uuid::new_v4().as_bytes(),
         inline_bytes: opts.inline_bytes,
-        features: if opts.encryption.is_some() {
-            crate::format::superblock::FEATURE_ENCRYPTED
-                | crate::format::superblock::FEATURE_PAGE_BLOCKS
-        } else {
-            0
-        },
+        features: crate::format::superblock::FEATURE_SPILL_PAGES
+            | if opts.encryption.is_some() {
+                crate::format::superblock::FEATURE_ENCRYPTED
+                    | crate::format::superblock::FEATURE_PAGE_BLOCKS
+            } else {
+                0
+            },
         created_ns: now.as_nanos() as i64,
     };
     let root = Inode {
