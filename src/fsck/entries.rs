@@ -224,6 +224,7 @@ impl Checker<'_> {
                 subdirs: 0,
                 named_in: Some(ROOT_INO),
                 spill_seen: 0,
+                spill_lost: false,
                 overflow_seen: 0,
                 has_symlink: false,
                 orphan_marker: false,

@@ -26,6 +26,7 @@ impl Checker<'_> {
                             subdirs: 0,
                             named_in: None,
                             spill_seen: 0,
+                            spill_lost: false,
                             overflow_seen: 0,
                             has_symlink: false,
                             orphan_marker: false,

@@ -186,6 +186,8 @@ struct Info {
     named_in: Option<u64>,
     /// Σ packed sizes of the readable spill pages.
     spill_seen: usize,
+    /// A spill page was unreadable (reported, and deleted on repair).
+    spill_lost: bool,
     overflow_seen: u32,
     has_symlink: bool,
     orphan_marker: bool,

@@ -90,14 +90,19 @@ impl Checker<'_> {
                 }
             }
             if i.spill_len as usize != info.spill_seen {
-                self.find(
-                    if info.spill_seen == 0 {
-                        format!("inode {ino}: spill record missing; its spilled xattrs are lost")
-                    } else {
-                        format!("inode {ino}: spill size disagrees with its spill pages")
-                    },
-                    true,
-                );
+                // An unreadable page was reported (and goes) already.
+                if !info.spill_lost {
+                    self.find(
+                        if info.spill_seen == 0 {
+                            format!(
+                                "inode {ino}: spill record missing; its spilled xattrs are lost"
+                            )
+                        } else {
+                            format!("inode {ino}: spill size disagrees with its spill pages")
+                        },
+                        true,
+                    );
+                }
                 i.spill_len = info.spill_seen as u32;
                 info.dirty = true;
             }

@@ -52,13 +52,15 @@ impl Checker<'_> {
                     }
                 }
                 Err(e) => {
-                    c.find(
-                        format!(
-                            "inode {ino}: spill page {} unreadable ({e}); its xattrs are lost",
-                            c.describe(&k)
+                    // The sweep then sets the spill size to what is left.
+                    info.spill_lost = true;
+                    let what = match page {
+                        Some(p) if p > 0 => format!(
+                            "spill record unreadable (page {p}: {e}); the xattrs in it are lost"
                         ),
-                        true,
-                    );
+                        _ => format!("spill record unreadable ({e}); its xattrs are lost"),
+                    };
+                    c.find(format!("inode {ino}: {what}"), true);
                     c.delete(&k);
                 }
             }
