@@ -12,6 +12,7 @@
 //! and is never held across a call back into the core.
 
 mod acl;
+mod cold;
 pub mod creds;
 pub mod crypto;
 mod data;

@@ -246,7 +246,7 @@ impl Fs {
         if name.len() > crate::format::NAME_MAX {
             return Err(CoreError::NameTooLong);
         }
-        let mut st = self.state.lock();
+        let (mut st, pre) = self.lock_for_lookup(parent, name);
         let p = self.inode(&mut st, parent)?;
         // "." of any inode is the inode itself: the kernel looks up "." in
         // a node id to open an NFS file handle (`open_by_handle_at`) whose
@@ -257,11 +257,15 @@ impl Fs {
         let ino = match name {
             b"." => parent,
             b".." => p.parent,
-            _ => {
-                self.dirent_then(&mut st, parent, name, true)?
-                    .ok_or(CoreError::NotFound)?
-                    .ino
-            }
+            _ => match pre {
+                super::cold::Entry::Present(d) => d.ino,
+                super::cold::Entry::Absent => return Err(CoreError::NotFound),
+                super::cold::Entry::Unknown => {
+                    self.dirent_then(&mut st, parent, name, true)?
+                        .ok_or(CoreError::NotFound)?
+                        .ino
+                }
+            },
         };
         let attr = self.attr_locked(&mut st, ino)?;
         st.add_lookup(ino);
@@ -270,7 +274,7 @@ impl Fs {
 
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
         let ino = ino.0;
-        let mut st = self.state.lock();
+        let mut st = self.lock_with_inode(ino, None);
         self.attr_locked(&mut st, ino)
     }
 

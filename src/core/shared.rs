@@ -84,6 +84,7 @@ impl Fs {
     /// change log did not reach back far enough), then queues the kernel's.
     fn apply_changes(&self, ch: &Changes) {
         let mut st = self.state.lock();
+        st.bump_epoch();
         let mut kernel = Vec::new();
         match &ch.keys {
             None => {

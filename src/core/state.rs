@@ -77,6 +77,9 @@ pub(super) struct State {
     dirs: DirCache,
     /// Shared volumes: access times due, waiting for the write lease.
     atimes_due: Vec<(u64, crate::format::inode::Timestamp)>,
+    /// Moves whenever cached state is dropped (see `cold`): a read made
+    /// without the lock is kept only if this did not move meanwhile.
+    epoch: u64,
 }
 
 impl State {
@@ -96,7 +99,19 @@ impl State {
             broken: 0,
             dirs: DirCache::new(dircache_budget),
             atimes_due: Vec::new(),
+            epoch: 0,
         }
+    }
+
+    /// See the field.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Something cached may now be older than the store (another daemon's
+    /// change): reads made without the lock meanwhile are dropped.
+    pub fn bump_epoch(&mut self) {
+        self.epoch += 1;
     }
 
     /// The directory cache.
@@ -174,6 +189,7 @@ impl State {
     }
 
     pub fn cache_pop(&mut self, ino: u64) {
+        self.epoch += 1;
         if let Some(old) = self.cache.pop(&ino) {
             self.cache_bytes -= cached_cost(&old);
         }
@@ -194,6 +210,12 @@ impl State {
         self.cache_update(ino, |c| c.spill = Some(set));
     }
 
+    /// The inode numbers cached now.
+    #[cfg(test)]
+    pub fn cached_inos(&self) -> Vec<u64> {
+        self.cache.iter().map(|(&ino, _)| ino).collect()
+    }
+
     /// (bytes charged, sum of the entries' costs): equal, by the invariant.
     #[cfg(test)]
     pub fn cache_accounting(&self) -> (usize, usize) {
@@ -202,6 +224,7 @@ impl State {
     }
 
     pub fn cache_clear(&mut self) {
+        self.epoch += 1;
         self.cache.clear();
         self.cache_bytes = 0;
         self.dirs.clear();

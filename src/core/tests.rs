@@ -9,16 +9,37 @@ use parking_lot::Mutex;
 use super::*;
 use crate::meta::{MemStore, MetaError, MetaRead, MetaStore, WriteRef};
 
+/// A key, and what to run once right after it is read.
+type Hook = (Vec<u8>, Box<dyn FnOnce() + Send>);
+
 /// An engine that remembers every key it was asked to write.
 #[derive(Default)]
 struct Recording {
     inner: MemStore,
     written: Mutex<Vec<Vec<u8>>>,
+    /// Every point read takes a while, as a cold one from disk does.
+    slow_reads: std::sync::atomic::AtomicBool,
+    /// Run once, right after the read of this key (its value already read).
+    after_get: Mutex<Option<Hook>>,
 }
 
 impl MetaRead for Recording {
     fn get(&self, key: &[u8]) -> std::result::Result<Option<Vec<u8>>, MetaError> {
-        self.inner.get(key)
+        if self.slow_reads.load(std::sync::atomic::Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        let value = self.inner.get(key);
+        let hook = {
+            let mut h = self.after_get.lock();
+            match h.as_ref() {
+                Some((k, _)) if k == key => h.take(),
+                _ => None,
+            }
+        };
+        if let Some((_, run)) = hook {
+            run();
+        }
+        value
     }
     fn scan(
         &self,
@@ -315,6 +336,207 @@ fn a_missing_spill_page_is_corruption() {
         fs.getxattr(ino, &stream(199)),
         Err(CoreError::Corrupt { .. })
     ));
+}
+
+/// Lookups, getattrs and getxattrs read cold inodes and entries with the
+/// state lock released (`cold`) while another thread changes the same
+/// names and a third drops the caches: afterwards every cached inode, spill
+/// tier and directory-cache entry still equals what the store holds.
+#[test]
+fn cold_reads_without_the_lock_never_cache_stale_state() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mut t = setup(64);
+    let sb = t.fs.sb.clone();
+    t.fs.close().unwrap();
+    let opts = Options {
+        commit_interval: Duration::from_millis(1),
+        dircache: Some(true),
+        ..Options::default()
+    };
+    t.fs = Fs::mount(t._dir.path(), t.engine.clone(), sb, opts).unwrap();
+    let fs = &t.fs;
+    let ctx = Ctx::root();
+    let names: Vec<Vec<u8>> = (0..12).map(|i| format!("f{i}").into_bytes()).collect();
+    for n in &names {
+        fs.make_node(&ctx, Ino::ROOT, n, libc::S_IFREG | 0o644, 0, 0, None)
+            .unwrap();
+    }
+    t.engine.slow_reads.store(true, Ordering::Relaxed);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            let (names, stop) = (&names, &stop);
+            s.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    for n in names {
+                        if let Ok(a) = fs.lookup(Ino::ROOT, n) {
+                            let _ = fs.getattr(a.ino);
+                            let _ = fs.getxattr(a.ino, b"user.big");
+                        }
+                    }
+                }
+            });
+        }
+        for round in 0..800usize {
+            let n = &names[round % names.len()];
+            let other = &names[(round * 7 + 3) % names.len()];
+            // Cold reads all through; none for the last rounds, so what
+            // they left cached is still there to check.
+            if round % 8 == 0 && round < 700 {
+                fs.drop_caches();
+            }
+            match round % 5 {
+                0 => {
+                    if let Ok(a) = fs.lookup(Ino::ROOT, n) {
+                        // Past the inline budget: a spill page.
+                        let _ = fs.setxattr(&ctx, a.ino, b"user.big", &[round as u8; 200], 0);
+                    }
+                }
+                1 => {
+                    if let Ok(a) = fs.lookup(Ino::ROOT, n) {
+                        let set = SetAttr {
+                            mode: Some(0o600 | (round as u32 & 0o77)),
+                            ..SetAttr::default()
+                        };
+                        let _ = fs.setattr(&ctx, a.ino, &set);
+                    }
+                }
+                2 => {
+                    let _ = fs.unlink(Ino::ROOT, n);
+                }
+                3 => {
+                    let _ = fs.rename(&ctx, Ino::ROOT, n, Ino::ROOT, other, RenameFlags::default());
+                }
+                _ => {
+                    let _ = fs.make_node(&ctx, Ino::ROOT, other, libc::S_IFREG | 0o644, 0, 0, None);
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    t.engine.slow_reads.store(false, Ordering::Relaxed);
+    let mut st = fs.state.lock();
+    let mut checked = 0;
+    for ino in st.cached_inos() {
+        let key = keys::inode(ino);
+        let stored = fs
+            .store
+            .get(&key)
+            .unwrap()
+            .map(|r| Inode::decode(&key, &r).unwrap());
+        let c = st.cached(ino).unwrap();
+        assert_eq!(Some(&c.inode), stored.as_ref(), "inode {ino}");
+        if let Some(spill) = c.spill.clone() {
+            let read = fs.read_spill_of(ino, &c.inode).unwrap();
+            assert_eq!(
+                spill.iter().collect::<Vec<_>>(),
+                read.iter().collect::<Vec<_>>(),
+                "spill of {ino}"
+            );
+        }
+        checked += 1;
+    }
+    for n in &names {
+        let key = fs.keyspace.dirent(Ino::ROOT.0, n);
+        let stored = fs
+            .store
+            .get(&key)
+            .unwrap()
+            .map(|r| crate::format::dirent::Dirent::decode(&key, &r).unwrap());
+        match st.dirs().lookup(Ino::ROOT.0, n) {
+            dircache::Found::Entry(d) => assert_eq!(Some(d), stored, "{n:?}"),
+            dircache::Found::Absent => assert_eq!(stored, None, "{n:?}"),
+            dircache::Found::Unknown => {}
+        }
+    }
+    assert!(checked > 0);
+}
+
+/// A lookup reads a cold entry with the state lock released; a name
+/// unlinked meanwhile (by another request thread, which can run because the
+/// lock is free) must not be served or cached from that read.
+#[test]
+fn a_name_unlinked_during_a_cold_lookup_is_not_cached() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc;
+    for (dircache, on_inode) in [(true, false), (true, true), (false, false), (false, true)] {
+        let mut t = setup(64);
+        let sb = t.fs.sb.clone();
+        t.fs.close().unwrap();
+        let opts = Options {
+            commit_interval: Duration::from_millis(1),
+            dircache: Some(dircache),
+            ..Options::default()
+        };
+        t.fs = Fs::mount(t._dir.path(), t.engine.clone(), sb, opts).unwrap();
+        let fs = &t.fs;
+        let victim = fs
+            .make_node(
+                &Ctx::root(),
+                Ino::ROOT,
+                b"victim",
+                libc::S_IFREG | 0o644,
+                0,
+                0,
+                None,
+            )
+            .unwrap()
+            .ino;
+        fs.forget(victim, 1);
+        fs.sync().unwrap();
+        fs.drop_caches();
+        let (start_tx, start_rx) = mpsc::channel::<()>();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let unlinked_meanwhile = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&unlinked_meanwhile);
+        // The unlink lands right after the read of the entry, or of the
+        // inode it names.
+        let hooked = match on_inode {
+            false => fs.keyspace.dirent(Ino::ROOT.0, b"victim"),
+            true => keys::inode(victim.0).to_vec(),
+        };
+        *t.engine.after_get.lock() = Some((
+            hooked,
+            Box::new(move || {
+                start_tx.send(()).unwrap();
+                if done_rx.recv_timeout(Duration::from_secs(5)).is_ok() {
+                    flag.store(true, Ordering::SeqCst);
+                }
+            }),
+        ));
+        let found = std::thread::scope(|s| {
+            s.spawn(move || {
+                start_rx.recv().unwrap();
+                fs.unlink(Ino::ROOT, b"victim").unwrap();
+                done_tx.send(()).unwrap();
+            });
+            fs.lookup(Ino::ROOT, b"victim")
+        });
+        assert!(
+            unlinked_meanwhile.load(Ordering::SeqCst),
+            "dircache={dircache}: the unlink waited for the lookup's read (the lock was held)"
+        );
+        assert!(
+            matches!(found, Err(CoreError::NotFound)),
+            "dircache={dircache}: served from a read older than the unlink: {found:?}"
+        );
+        assert!(
+            matches!(fs.lookup(Ino::ROOT, b"victim"), Err(CoreError::NotFound)),
+            "dircache={dircache}: the unlinked name stayed cached"
+        );
+        let mut st = fs.state.lock();
+        assert!(
+            !st.is_cached(victim.0),
+            "dircache={dircache}: a freed inode cached"
+        );
+        assert!(
+            !matches!(
+                st.dirs().lookup(Ino::ROOT.0, b"victim"),
+                dircache::Found::Entry(_)
+            ),
+            "an unlinked name in the directory cache"
+        );
+    }
 }
 
 #[test]

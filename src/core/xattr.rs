@@ -72,10 +72,15 @@ impl Fs {
     /// 0): one range read of adjacent keys.
     fn read_spill(&self, st: &mut State, ino: u64) -> Result<Spill> {
         let c = self.load(st, ino)?;
-        if c.inode.spill_len == 0 {
+        self.read_spill_of(ino, &c.inode)
+    }
+
+    /// The spill pages of `ino`, whose record is `inode` (no lock needed).
+    pub(super) fn read_spill_of(&self, ino: u64, inode: &Inode) -> Result<Spill> {
+        if inode.spill_len == 0 {
             return Ok(Spill::new());
         }
-        let want = c.inode.spill_len as usize;
+        let want = inode.spill_len as usize;
         let key = keys::spill(ino);
         let malformed =
             |k: &[u8], what| CoreError::corrupt(k, crate::format::FormatError::Malformed(what));
@@ -217,7 +222,7 @@ impl Fs {
         let ino = ino.0;
         check_name(name)?;
         let found = {
-            let mut st = self.state.lock();
+            let mut st = self.lock_with_inode(ino, Some(name));
             self.find(&mut st, ino, name)?
         };
         match found {

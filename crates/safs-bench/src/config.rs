@@ -50,10 +50,12 @@ pub enum Test {
     T8,
     T9,
     T10,
+    T11,
+    T12,
 }
 
 impl Test {
-    pub const ALL: [Test; 10] = [
+    pub const ALL: [Test; 12] = [
         Test::T1,
         Test::T2,
         Test::T3,
@@ -64,6 +66,8 @@ impl Test {
         Test::T8,
         Test::T9,
         Test::T10,
+        Test::T11,
+        Test::T12,
     ];
 
     /// One line saying what the table measures.
@@ -89,6 +93,10 @@ impl Test {
                 "file contents: sequential write and read of one large file, 4 KiB random reads"
             }
             Test::T10 => "two mounts of one volume: a change on one, seen on the other (p50, p99)",
+            Test::T11 => "setxattr of 32 B on a file that already holds K xattrs",
+            Test::T12 => {
+                "metadata operations from 1, 2, 4, 8 threads at once, private and shared directories (mdtest-style)"
+            }
         }
     }
 }
@@ -113,7 +121,9 @@ impl FromStr for Test {
             "8" => Ok(Test::T8),
             "9" => Ok(Test::T9),
             "10" => Ok(Test::T10),
-            _ => Err(format!("unknown test '{t}' (T1 … T10)")),
+            "11" => Ok(Test::T11),
+            "12" => Ok(Test::T12),
+            _ => Err(format!("unknown test '{t}' (T1 … T12)")),
         }
     }
 }
@@ -290,6 +300,14 @@ pub struct Sizes {
     pub t9_random_reads: usize,
     /// T10: changes timed, of each kind.
     pub t10_changes: usize,
+    /// T11: xattrs K on the file before the timed sets.
+    pub t11_counts: Vec<usize>,
+    /// T11: sets (and gets) timed per K.
+    pub t11_calls: usize,
+    /// T12: thread counts.
+    pub t12_threads: Vec<usize>,
+    /// T12: files per thread count and layout, shared among the threads.
+    pub t12_files: usize,
     /// `--setup`: size of the ext4 and xfs images (sparse files).
     pub image_bytes: u64,
     /// `--setup`: size limit of the tmpfs.
@@ -323,6 +341,10 @@ impl Sizes {
             // readahead underneath to bring in early.
             t9_random_reads: if full { 20_000 } else { 5_000 },
             t10_changes: if full { 2_000 } else { 500 },
+            t11_counts: vec![1, 100, 2_000],
+            t11_calls: if full { 100_000 } else { 20_000 },
+            t12_threads: vec![1, 2, 4, 8],
+            t12_files: if full { 40_000 } else { 8_000 },
             // T1 at 64 KiB × F is the largest user: 0.66 GB small, 6.6 GB full.
             image_bytes: if full { 24 << 30 } else { 4 << 30 },
             tmpfs_bytes: if full { 12 << 30 } else { 4 << 30 },

@@ -49,6 +49,8 @@ mod setup;
 pub mod svg;
 mod t1;
 mod t10;
+mod t11;
+mod t12;
 mod t2;
 mod t3;
 pub mod t4;
@@ -580,6 +582,8 @@ pub fn run(cfg: Config) -> anyhow::Result<PathBuf> {
                 Test::T8 => t8::run(&mut step),
                 Test::T9 => t9::run(&mut step),
                 Test::T10 => t10::run(&mut step),
+                Test::T11 => t11::run(&mut step),
+                Test::T12 => t12::run(&mut step),
             };
             progress.step_done();
             ops::remove_tree(&ctx, &dir);

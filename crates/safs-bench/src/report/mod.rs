@@ -527,6 +527,17 @@ fn sizes_line(test: Test, z: &crate::config::Sizes) -> String {
             z.t10_changes,
             z.t10_changes * 4
         ),
+        Test::T11 => format!(
+            "One file with K − 1 xattrs of 40 B beside the one timed; {} replacements of its \
+             32 B value (hot), then as many reads of it.",
+            z.t11_calls
+        ),
+        Test::T12 => format!(
+            "{} files per thread count, shared among the threads (private: a directory per \
+             thread; shared: one directory); stat and getxattr after making the target cold. \
+             Operations per second of all threads together.",
+            z.t12_files
+        ),
     }
 }
 

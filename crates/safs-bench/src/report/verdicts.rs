@@ -258,6 +258,55 @@ pub fn checks(r: &Results) -> Vec<Check> {
                         }
                     }
                 }
+                Test::T11 => {
+                    // A set costs the same whatever else the file holds.
+                    let ps = tb.params(crate::t11::SET);
+                    if let (Some(lo), Some(hi)) = (ps.first(), ps.last())
+                        && lo != hi
+                    {
+                        let g = ratio(
+                            tb.best(crate::t11::SET, *hi, l),
+                            tb.best(crate::t11::SET, *lo, l),
+                        );
+                        add(
+                            &format!(
+                                "T11: a 32 B set on a file with {} xattrs ≤ 2× one with {}",
+                                hi.unwrap_or(0),
+                                lo.unwrap_or(0)
+                            ),
+                            g.map_or("n/a".into(), |g| format!("{g:.2}×")),
+                            Verdict::of(g.is_some_and(|g| g <= 2.0)),
+                        );
+                    }
+                }
+                Test::T12 => {
+                    // Throughput from 1 to 2 threads grows at least as much
+                    // as the baseline's.
+                    if !has_base {
+                        continue;
+                    }
+                    for layout in crate::t12::LAYOUTS {
+                        for what in [
+                            crate::t12::CREATE,
+                            crate::t12::STAT,
+                            crate::t12::GETXATTR,
+                            crate::t12::REMOVE,
+                        ] {
+                            let case = crate::t12::case(layout, what);
+                            let gain = |who: &str| {
+                                ratio(tb.best(&case, Some(2), who), tb.best(&case, Some(1), who))
+                            };
+                            let (Some(mine), Some(theirs)) = (gain(l), gain(base)) else {
+                                continue;
+                            };
+                            add(
+                                &format!("T12: {case}, 1 → 2 threads grows ≥ {base}'s"),
+                                format!("{mine:.2}× ({base} {theirs:.2}×)"),
+                                Verdict::of(mine >= theirs),
+                            );
+                        }
+                    }
+                }
                 Test::T9 => {
                     if let Some((_, txt)) = max_trips(&tb, crate::t9::RANDOM) {
                         add("T9: requests per random 4 KiB read", txt, Verdict::Info);

@@ -1,0 +1,200 @@
+//! Cold reads without the state lock.
+//!
+//! Every operation runs under the one state lock, but a read that misses
+//! the caches goes to the engine, which may fault pages in from disk (LMDB)
+//! or wait on a round trip (PostgreSQL). Held across that, the lock queues
+//! every other request thread behind one cold read. LMDB readers do not
+//! block each other, so reads on the request paths that matter — a lookup
+//! (its entry and its inode), `getattr`, `getxattr` (the inode and, for a
+//! name not inline, its spill pages) — first fetch what is missing with the
+//! lock released, then take it again and keep what they read only if
+//! nothing changed meanwhile.
+//!
+//! "Nothing changed" is the pair ([`Store::applied_seq`], [`State::epoch`]):
+//! every change of this daemon applies its writes to the store under the
+//! state lock (the first moves), and every cache drop for another reason —
+//! another daemon's change on a shared volume, a reset after a failed
+//! commit — bumps the second. If either moved, what was read is dropped and
+//! the operation reads again under the lock, as it always did; so the
+//! cache's invariant (an entry is never older than the store's view of its
+//! key) holds, and a read is only ever a little slower, never wrong.
+
+use parking_lot::MutexGuard;
+
+use super::state::Cached;
+use super::{CoreError, Fs, Result, State};
+use crate::format::dirent::Dirent;
+use crate::format::inode::Inode;
+use crate::format::keys;
+
+/// What a lookup found with the lock released, valid under the guard it
+/// came back with.
+pub(super) enum Entry {
+    /// Not read ahead (cached, or read ahead and then changed meanwhile):
+    /// the caller reads under the lock.
+    Unknown,
+    Absent,
+    Present(Dirent),
+}
+
+/// Where things stood when the lock was let go.
+type Epoch = (u64, u64);
+
+impl Fs {
+    fn epoch(&self, st: &State) -> Epoch {
+        (self.store.applied_seq(), st.epoch())
+    }
+
+    /// Runs `read` with the lock released; the guard back, and what `read`
+    /// found if nothing changed meanwhile (a failed read is left for the
+    /// caller to meet again under the lock, where it is reported).
+    fn unlocked<'a, T>(
+        &'a self,
+        st: MutexGuard<'a, State>,
+        read: impl FnOnce() -> Result<T>,
+    ) -> (MutexGuard<'a, State>, Option<T>) {
+        let before = self.epoch(&st);
+        drop(st);
+        let got = read().ok();
+        let st = self.state.lock();
+        let same = self.epoch(&st) == before;
+        (st, got.filter(|_| same))
+    }
+
+    fn read_inode(&self, ino: u64) -> Result<Option<Inode>> {
+        let key = keys::inode(ino);
+        self.store
+            .get(&key)?
+            .map(|rec| Inode::decode(&key, &rec).map_err(|e| CoreError::corrupt(&key, e)))
+            .transpose()
+    }
+
+    /// The state lock, with inode `ino` cached if it exists — read without
+    /// the lock when it was not cached — and, when `name` is given and is
+    /// not inline, its spill pages too.
+    pub(super) fn lock_with_inode(&self, ino: u64, name: Option<&[u8]>) -> MutexGuard<'_, State> {
+        let mut st = self.state.lock();
+        let cached = st.cached(ino).map(|c| {
+            let wants_spill = c.spill.is_none()
+                && c.inode.spill_len > 0
+                && name.is_some_and(|n| !c.inode.inline.contains(n));
+            wants_spill.then(|| c.inode.clone())
+        });
+        let known = match cached {
+            Some(None) => return st,
+            Some(Some(inode)) => Some(inode),
+            None => None,
+        };
+        let (mut st, got) = self.unlocked(st, || {
+            let inode = match known {
+                Some(i) => i,
+                None => match self.read_inode(ino)? {
+                    Some(i) => i,
+                    None => return Ok(None),
+                },
+            };
+            let spill = if inode.spill_len > 0 && name.is_some_and(|n| !inode.inline.contains(n)) {
+                Some(self.read_spill_of(ino, &inode)?)
+            } else {
+                None
+            };
+            Ok(Some((inode, spill)))
+        });
+        if let Some(Some((inode, mut spill))) = got
+            && !st.cache_update(ino, |c| {
+                if c.spill.is_none() {
+                    c.spill = spill.take();
+                }
+            })
+        {
+            st.cache_put(ino, Cached { inode, spill });
+        }
+        st
+    }
+
+    /// The state lock for a lookup of `name` in `parent`, with the entry,
+    /// the inode it names and (if it was not cached) `parent`'s own inode
+    /// read without the lock when they were not cached.
+    pub(super) fn lock_for_lookup(
+        &self,
+        parent: u64,
+        name: &[u8],
+    ) -> (MutexGuard<'_, State>, Entry) {
+        let mut st = self.state.lock();
+        if matches!(name, b"." | b"..") {
+            return (st, Entry::Unknown);
+        }
+        let parent_cached = match st.cached(parent) {
+            Some(c) if !c.inode.is_dir() => return (st, Entry::Unknown),
+            Some(_) => true,
+            None => false,
+        };
+        let known = match st.dirs().lookup(parent, name) {
+            super::dircache::Found::Absent => return (st, Entry::Unknown),
+            super::dircache::Found::Entry(d) if st.is_cached(d.ino) => return (st, Entry::Unknown),
+            super::dircache::Found::Entry(d) => Some(d),
+            super::dircache::Found::Unknown => None,
+        };
+        let (mut st, got) = self.unlocked(st, || {
+            let pinode = match parent_cached {
+                true => None,
+                false => match self.read_inode(parent)? {
+                    Some(p) if p.is_dir() => Some(p),
+                    // Not a directory, or gone: the locked path says which.
+                    _ => return Err(CoreError::NotFound),
+                },
+            };
+            let (d, irec) = match known {
+                Some(d) => (d, None),
+                None => {
+                    let key = self.keyspace.dirent(parent, name);
+                    let found = self.store.get_and_follow(
+                        &key,
+                        crate::format::dirent::INO_AT,
+                        keys::P_INODE,
+                    )?;
+                    let Some((rec, irec)) = found else {
+                        return Ok((pinode, None));
+                    };
+                    let d = Dirent::decode(&key, &rec).map_err(|e| CoreError::corrupt(&key, e))?;
+                    (d, irec)
+                }
+            };
+            let ikey = keys::inode(d.ino);
+            let inode = match irec {
+                Some(rec) => {
+                    Some(Inode::decode(&ikey, &rec).map_err(|e| CoreError::corrupt(&ikey, e))?)
+                }
+                None => self.read_inode(d.ino)?,
+            };
+            Ok((pinode, Some((d, inode))))
+        });
+        let Some((pinode, found)) = got else {
+            return (st, Entry::Unknown);
+        };
+        if let Some(p) = pinode
+            && !st.is_cached(parent)
+        {
+            st.cache_put(
+                parent,
+                Cached {
+                    inode: p,
+                    spill: None,
+                },
+            );
+        }
+        let entry = match found {
+            None => Entry::Absent,
+            Some((d, inode)) => {
+                st.dirs().learn(parent, name, &d);
+                if let Some(inode) = inode
+                    && !st.is_cached(d.ino)
+                {
+                    st.cache_put(d.ino, Cached { inode, spill: None });
+                }
+                Entry::Present(d)
+            }
+        };
+        (st, entry)
+    }
+}
