@@ -42,7 +42,7 @@ pub enum Command {
     /// Make every change on a mounted safs durable (what sync(1) cannot do
     /// for FUSE filesystems).
     Sync(SyncArgs),
-    /// Measure safs beside other filesystems: the tables T1–T7 of
+    /// Measure safs beside other filesystems: the tables T1–T12 of
     /// docs/benchmarks.md, with FUSE requests per operation (see --setup).
     Bench(bench::BenchArgs),
     /// Convert an unmounted volume's metadata to the schema this safs

@@ -531,7 +531,14 @@ mod tests {
                 .collect::<Vec<_>>(),
             [Test::T9, Test::T10]
         );
-        assert!(parse_only("T11").is_err());
+        assert_eq!(
+            parse_only("T12,T11,T2")
+                .unwrap()
+                .into_iter()
+                .collect::<Vec<_>>(),
+            [Test::T2, Test::T11, Test::T12]
+        );
+        assert!(parse_only("T13").is_err());
         assert!(parse_only(",").is_err());
     }
 
