@@ -279,6 +279,10 @@ pub struct TargetInfo {
     /// at the end of the run (0: off) — what `dircache=` really did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dircache_budget_bytes: Option<u64>,
+    /// safs targets: the FUSE transport the daemon serves at the end of the
+    /// run ("io_uring, 2 queues" or "/dev/fuse").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transport: Option<String>,
     /// How cold phases were made cold on this target.
     pub cold: String,
     /// Cold phases prepared on this target, and the seconds that took.

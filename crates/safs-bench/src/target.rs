@@ -162,6 +162,10 @@ impl Target {
             safs_volume: self.safs.as_ref().map(|s| s.volume.display().to_string()),
             inline_bytes: stats.as_ref().map(|r| r.inline_bytes).filter(|b| *b > 0),
             dircache_budget_bytes: stats.as_ref().map(|r| r.dircache_budget_bytes),
+            transport: stats.as_ref().map(|r| match &r.uring_queues {
+                Some(q) => format!("io_uring, {} queues", q.len()),
+                None => "/dev/fuse".into(),
+            }),
             cold: self.cold.borrow().clone(),
             cold_count: self.cold_spent.get().0,
             cold_secs: self.cold_spent.get().1,

@@ -129,6 +129,8 @@ fn param_header(test: Test) -> Option<&'static str> {
         Test::T1 => Some("N (bytes)"),
         Test::T3 => Some("C (bytes)"),
         Test::T5 | Test::T8 => Some("N (files)"),
+        Test::T11 => Some("K (xattrs)"),
+        Test::T12 => Some("threads"),
         _ => None,
     }
 }
@@ -285,6 +287,7 @@ pub fn markdown(r: &Results) -> String {
             .about
             .iter()
             .chain(&dircache)
+            .chain(&t.transport)
             .map(String::as_str)
             .collect();
         let fs = if about.is_empty() {

@@ -18,6 +18,7 @@ fn target(label: &str, safs: bool) -> TargetInfo {
         safs_volume: safs.then(|| "/vol".into()),
         inline_bytes: safs.then_some(320),
         dircache_budget_bytes: safs.then_some(0),
+        transport: None,
         cold: "sync, drop_caches".into(),
         cold_count: 0,
         cold_secs: 0.0,
@@ -455,13 +456,16 @@ fn the_pefs_section_compares_costs() {
         "{md}"
     );
     // The target table says what each was made as and what the daemon
-    // reports of its directory cache.
+    // reports of its directory cache and its transport.
     let mut r = pefs_results(1.1, 6.5);
     r.targets[1].about = Some("encrypted volume".into());
     r.targets[1].dircache_budget_bytes = Some(128 << 20);
+    r.targets[1].transport = Some("io_uring, 2 queues".into());
     let md = markdown(&r);
     assert!(
-        md.contains("| fuse.safs (encrypted volume; directory cache ≤ 128 MiB) |"),
+        md.contains(
+            "| fuse.safs (encrypted volume; directory cache ≤ 128 MiB; io_uring, 2 queues) |"
+        ),
         "{md}"
     );
     assert!(
