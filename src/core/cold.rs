@@ -8,7 +8,8 @@
 //! (its entry and its inode), `getattr`, `getxattr` (the inode and, for a
 //! name not inline, its spill pages) — first fetch what is missing with the
 //! lock released, then take it again and keep what they read only if
-//! nothing changed meanwhile.
+//! nothing changed meanwhile. A readdirplus entry's attributes are read the
+//! same way.
 //!
 //! "Nothing changed" is the pair ([`Store::applied_seq`], [`State::epoch`]):
 //! every change of this daemon applies its writes to the store under the

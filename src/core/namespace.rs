@@ -55,6 +55,24 @@ pub struct SetAttr {
     pub mtime: Option<TimeSet>,
     pub ctime: Option<Timestamp>,
     pub fh: Option<u64>,
+    /// Clear the set-id bits as a truncate or chown does (see
+    /// [`Fs::kill_setid`]); the adapter's kernel says when.
+    pub kill_setid: bool,
+}
+
+/// `mode` after a write, truncate or chown by a caller without CAP_FSETID:
+/// no set-user-ID bit, and no set-group-ID bit if the group may execute
+/// (without that bit it marks mandatory locking, not a privilege).
+fn setid_killed(mode: u32) -> u32 {
+    if mode & S_IFMT == S_IFDIR {
+        return mode;
+    }
+    let mode = mode & !libc::S_ISUID;
+    if mode & libc::S_IXGRP != 0 {
+        mode & !libc::S_ISGID
+    } else {
+        mode
+    }
 }
 
 /// Inodes an operation touches, loaded once and written once at the end, so
@@ -348,6 +366,9 @@ impl Fs {
         if let Some(gid) = set.gid {
             inode.gid = gid;
         }
+        if set.kill_setid {
+            inode.mode = setid_killed(inode.mode);
+        }
         let stamp = |t: TimeSet| match t {
             TimeSet::Now => now,
             TimeSet::At(t) => t,
@@ -367,6 +388,33 @@ impl Fs {
         self.put_inode(&mut st, &mut w, ino, inode);
         self.commit(w)?;
         self.attr_locked(&mut st, ino)
+    }
+
+    /// Clears `ino`'s set-id bits before a write by a caller without
+    /// CAP_FSETID (the kernel's `file_remove_privs`, left to safs when the
+    /// file's data goes through the daemon). A file without them — nearly
+    /// every one — costs a cached read.
+    pub fn kill_setid(&self, ino: Ino) -> Result<()> {
+        let ino = ino.0;
+        {
+            let mut st = self.state.lock();
+            let mode = self.load(&mut st, ino)?.inode.mode;
+            if setid_killed(mode) == mode {
+                return Ok(());
+            }
+        }
+        let _space = self.writable()?;
+        let mut st = self.state.lock();
+        let mut inode = self.inode(&mut st, ino)?;
+        let mode = setid_killed(inode.mode);
+        if mode == inode.mode {
+            return Ok(());
+        }
+        inode.mode = mode;
+        inode.ctime = Timestamp::now();
+        let mut w = Vec::new();
+        self.put_inode(&mut st, &mut w, ino, inode);
+        self.commit(w)
     }
 
     fn set_backing_mtime(&self, st: &State, ino: u64, t: Timestamp) {
@@ -934,7 +982,7 @@ impl Fs {
     /// (the adapter calls [`Fs::note_lookup`] for entries it sends).
     pub fn entry_attr(&self, ino: Ino) -> Result<Attr> {
         let ino = ino.0;
-        let mut st = self.state.lock();
+        let mut st = self.lock_with_inode(ino, None);
         self.attr_locked(&mut st, ino)
     }
 

@@ -116,6 +116,15 @@ impl SafsFuse {
                 );
             }
         }
+        // File data through the daemon: let it clear set-id bits on writes
+        // and truncates itself (the kernel then marks inodes S_NOSEC, and a
+        // write no longer costs a GETXATTR of security.capability first).
+        // Not with passthrough: those writes never reach the daemon, and
+        // the kernel would leave the bits to it.
+        if flags & abi::FUSE_PASSTHROUGH == 0 && offered & abi::FUSE_HANDLE_KILLPRIV_V2 != 0 {
+            flags |= abi::FUSE_HANDLE_KILLPRIV_V2;
+            self.killpriv.store(true, Ordering::Relaxed);
+        }
         let uring = match self.transport {
             Transport::Dev => false,
             _ if offered & abi::FUSE_OVER_IO_URING != 0 => true,
@@ -148,6 +157,7 @@ impl SafsFuse {
             minor,
             passthrough = self.passthrough(),
             uring,
+            killpriv_v2 = self.killpriv.load(Ordering::Relaxed),
             "FUSE session initialised"
         );
         Ok(InitOutcome {

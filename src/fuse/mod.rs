@@ -78,6 +78,9 @@ pub struct SafsFuse {
     transport: Transport,
     /// Whether the kernel agreed to passthrough at init.
     passthrough: AtomicBool,
+    /// FUSE_HANDLE_KILLPRIV_V2 agreed: the kernel leaves clearing set-id
+    /// bits on write, truncate and chown to safs, flagging the requests.
+    killpriv: AtomicBool,
     /// What INIT settled that decoding needs.
     negotiated: OnceLock<Negotiated>,
     /// Why INIT was refused, if it was (for the mount command's error).
@@ -106,6 +109,7 @@ impl SafsFuse {
             data_path,
             transport,
             passthrough: AtomicBool::new(false),
+            killpriv: AtomicBool::new(false),
             negotiated: OnceLock::new(),
             refused: OnceLock::new(),
             backing: Mutex::new(Backing::default()),
@@ -408,8 +412,15 @@ impl SafsFuse {
                 let _t = self.stats.start(Op::Link);
                 self.entry(reply, self.fs.link(Ino(oldnodeid), ino, name));
             }
-            Req::Open { flags, .. } => {
+            Req::Open { flags, open_flags } => {
                 let _t = self.stats.start(Op::Open);
+                // O_TRUNC by a caller without CAP_FSETID (KILLPRIV_V2).
+                if open_flags & abi::FUSE_OPEN_KILL_SUIDGID != 0
+                    && flags & libc::O_TRUNC != 0
+                    && let Err(e) = self.fs.kill_setid(ino)
+                {
+                    return reply.error(e.errno());
+                }
                 self.open(h, flags, reply);
             }
             Req::Create {
@@ -444,9 +455,20 @@ impl SafsFuse {
                 Data(reply).answer(self.fs.read(Fh(fh), offset, size));
             }
             Req::Write {
-                fh, offset, data, ..
+                fh,
+                offset,
+                data,
+                write_flags,
+                ..
             } => {
                 let _t = self.stats.start(Op::Write);
+                // A writer without CAP_FSETID (KILLPRIV_V2): the bits go
+                // before the data, as file_remove_privs does.
+                if write_flags & abi::FUSE_WRITE_KILL_SUIDGID != 0
+                    && let Err(e) = self.fs.kill_setid(ino)
+                {
+                    return reply.error(e.errno());
+                }
                 Written(reply).answer(self.fs.write(Fh(fh), offset, data));
             }
             Req::Flush { .. } => {
@@ -611,5 +633,6 @@ fn set_attr(s: SetattrIn) -> SetAttr {
         mtime: set_time(s.mtime),
         ctime: s.ctime.map(|(sec, nsec)| core::Timestamp { sec, nsec }),
         fh: s.fh,
+        kill_setid: s.kill_suidgid,
     }
 }
