@@ -39,6 +39,11 @@ pub struct BenchArgs {
     /// Where --setup puts its volume, images and mountpoints.
     #[arg(long, default_value = "/var/tmp")]
     pub workdir: PathBuf,
+    /// libfuse's passthrough_hp (3.18 or later): --setup mounts it over a
+    /// directory on the FUSE targets' image, as target passthrough_hp and,
+    /// when the kernel offers FUSE over io_uring, passthrough_hp-uring.
+    #[arg(long = "passthrough-hp", value_name = "PATH")]
+    pub passthrough_hp: Option<PathBuf>,
 }
 
 fn parse_scale(s: &str) -> Result<Scale, String> {
@@ -70,6 +75,7 @@ impl BenchArgs {
             reps: self.reps,
             safs_options: self.safs_options.map(|o| vec![o]).unwrap_or_default(),
             workdir: self.workdir,
+            passthrough_hp: self.passthrough_hp,
             command: std::env::args().collect(),
         };
         cfg.validate().map_err(anyhow::Error::msg)?;

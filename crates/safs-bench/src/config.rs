@@ -152,16 +152,24 @@ pub fn parse_only(s: &str) -> Result<BTreeSet<Test>, String> {
 /// labels: `safs` is the unencrypted reference, `safs-enc` an encrypted
 /// volume with the directory cache, `…-nodircache` the same without it,
 /// `safs-pg` a volume whose metadata is in PostgreSQL.
-pub const SETUP_LABELS: [&str; 8] = [
+pub const SETUP_LABELS: [&str; 11] = [
     "safs",
+    "safs-dev",
     "safs-enc",
     "safs-enc-nodircache",
     "safs-pg",
     "gocryptfs",
+    "passthrough_hp",
+    "passthrough_hp-uring",
     "ext4",
     "xfs",
     "tmpfs",
 ];
+
+/// Set-up targets made only when asked for by name, or when what they need
+/// is there: a second safs mount over `/dev/fuse` (when the default one is
+/// over io_uring), libfuse's passthrough_hp (`--passthrough-hp PATH`).
+pub const SETUP_IF_ABLE: [&str; 3] = ["safs-dev", "passthrough_hp", "passthrough_hp-uring"];
 
 /// How a target is mounted again for a cold phase, beyond what the mount
 /// table says of it.
@@ -402,6 +410,8 @@ pub struct Config {
     pub safs_options: Vec<String>,
     /// Where `--setup` puts its volume, images and mountpoints.
     pub workdir: PathBuf,
+    /// libfuse's passthrough_hp, for `--setup`'s passthrough_hp targets.
+    pub passthrough_hp: Option<PathBuf>,
     /// The command line, as recorded in results.json.
     pub command: Vec<String>,
 }
@@ -570,6 +580,7 @@ mod tests {
             reps: 3,
             safs_options: vec![],
             workdir: PathBuf::from("/var/tmp"),
+            passthrough_hp: None,
             command: vec![],
         };
         assert!(c.validate().is_err());

@@ -42,6 +42,7 @@
 
 pub mod config;
 mod ops;
+mod peer;
 mod progress;
 pub mod record;
 pub mod report;
@@ -470,7 +471,7 @@ pub fn run(cfg: Config) -> anyhow::Result<PathBuf> {
         .filter(|t| t.picks_setup())
         .map(|t| t.label.clone())
         .collect();
-    let wanted = setup::wanted(&picks);
+    let wanted = setup::wanted(&picks, cfg.passthrough_hp.is_some(), peer::uring_enabled());
     let mut need = if cfg.setup {
         setup::tools_for(&wanted)
     } else {
@@ -492,6 +493,7 @@ pub fn run(cfg: Config) -> anyhow::Result<PathBuf> {
         safs_exe: &safs_exe,
         safs_options: &cfg.safs_options,
         workdir: &cfg.workdir,
+        passthrough_hp: cfg.passthrough_hp.as_deref(),
     };
     // Declared before the targets so it is dropped (torn down) after them.
     let setup_guard = if cfg.setup {

@@ -85,19 +85,36 @@ impl Tool {
 }
 
 /// The set-up targets kept on safs' ext4 image.
-const ON_SAFS_DISK: [&str; 5] = [
+const ON_SAFS_DISK: [&str; 8] = [
     "safs",
+    "safs-dev",
     "safs-enc",
     "safs-enc-nodircache",
     "safs-pg",
     "gocryptfs",
+    "passthrough_hp",
+    "passthrough_hp-uring",
 ];
 
-/// The set-up targets to make: those picked by `--targets LABEL`, or all.
-pub fn wanted(picks: &[String]) -> Vec<&'static str> {
+/// The set-up targets to make: those picked by `--targets LABEL`; without
+/// picks, all that can be made — safs-dev only when the default safs mount
+/// is over io_uring (`uring`), passthrough_hp only with its binary
+/// (`pthp`), its io_uring twin with both. (A pick that cannot be made is
+/// reported skipped, with the reason.)
+pub fn wanted(picks: &[String], pthp: bool, uring: bool) -> Vec<&'static str> {
     SETUP_LABELS
         .into_iter()
-        .filter(|l| picks.is_empty() || picks.iter().any(|p| p == l))
+        .filter(|l| {
+            if !picks.is_empty() {
+                return picks.iter().any(|p| p == l);
+            }
+            match *l {
+                "safs-dev" => uring,
+                "passthrough_hp" => pthp,
+                "passthrough_hp-uring" => pthp && uring,
+                _ => true,
+            }
+        })
         .collect()
 }
 
@@ -121,7 +138,10 @@ pub fn tools_for(wanted: &[&str]) -> Vec<Tool> {
 /// (the engines' files do not shrink when a test removes its files, and the
 /// volumes take turns, test by test).
 pub fn safs_disk_bytes(image_bytes: u64, wanted: &[&str]) -> u64 {
-    let volumes = wanted.iter().filter(|l| l.starts_with("safs")).count() as u64;
+    let volumes = wanted
+        .iter()
+        .filter(|l| l.starts_with("safs") || l.starts_with("passthrough_hp"))
+        .count() as u64;
     image_bytes * volumes.max(1)
 }
 
@@ -206,12 +226,14 @@ pub struct Env<'a> {
     pub safs_exe: &'a Path,
     pub safs_options: &'a [String],
     pub workdir: &'a Path,
+    pub passthrough_hp: Option<&'a Path>,
 }
 
 enum Mounted {
     Kernel(PathBuf),
     Safs(SafsMount),
     Gocryptfs(GocryptfsMount),
+    Peer(crate::peer::Peer),
     /// Nothing mounted: a server, stopped when dropped, in its turn.
     Postgres {
         _cluster: safs_pgcluster::TempCluster,
@@ -352,8 +374,11 @@ impl Setup {
             // target table shows what the daemon reports), its twin turns
             // it off.
             let pass = format!("passphrase_file={}", passfile.display());
-            let volumes: [(&str, &str, bool, &[&str]); 3] = [
+            let volumes: [(&str, &str, bool, &[&str]); 4] = [
                 ("safs", "vol", false, &[]),
+                // The same over /dev/fuse, beside a default mount over
+                // io_uring: the transports compared in one run.
+                ("safs-dev", "vol-dev", false, &["transport=dev"]),
                 ("safs-enc", "vol-enc", true, &[]),
                 (
                     "safs-enc-nodircache",
@@ -393,7 +418,8 @@ impl Setup {
                 mount_safs(env.safs_exe, &m)?;
                 s.mounts.push(Mounted::Safs(m));
                 let about = match (encrypted, dircache.first()) {
-                    (false, _) => None,
+                    (false, Some(o)) => Some((*o).to_string()),
+                    (false, None) => None,
                     (true, None) => Some("encrypted volume".to_string()),
                     (true, Some(o)) => Some(format!("encrypted volume, {o}")),
                 };
@@ -415,6 +441,20 @@ impl Setup {
                     eprintln!("safs bench: skipping target safs-pg: {reason}");
                     s.skipped.push(Skipped {
                         label: "safs-pg".into(),
+                        reason,
+                    });
+                }
+                check()?;
+            }
+            for (label, uring) in [("passthrough_hp", false), ("passthrough_hp-uring", true)] {
+                if !want(label) {
+                    continue;
+                }
+                if let Err(e) = s.passthrough_hp(env, &disk, label, uring) {
+                    let reason = format!("{e:#}");
+                    eprintln!("safs bench: skipping target {label}: {reason}");
+                    s.skipped.push(Skipped {
+                        label: label.into(),
                         reason,
                     });
                 }
@@ -501,6 +541,37 @@ impl Setup {
         Ok(())
     }
 
+    /// libfuse's passthrough_hp over `<disk>/<label>-backing` (`uring`:
+    /// with `-o io_uring`).
+    fn passthrough_hp(
+        &mut self,
+        env: &Env<'_>,
+        disk: &Path,
+        label: &str,
+        uring: bool,
+    ) -> anyhow::Result<()> {
+        let exe = env
+            .passthrough_hp
+            .context("no binary given (--passthrough-hp PATH)")?;
+        let backing = disk.join(format!("{label}-backing"));
+        let mnt = self.root.join(label);
+        std::fs::create_dir_all(&backing)?;
+        std::fs::create_dir_all(&mnt)?;
+        let log = self.root.join(format!("{label}.log"));
+        let peer = crate::peer::Peer::start(exe, &backing, &mnt, uring, &log)?;
+        self.mounts.push(Mounted::Peer(peer));
+        self.targets.push(TargetSpec {
+            label: label.into(),
+            dir: mnt,
+            remount: Remount::AsFound,
+            about: Some(format!(
+                "libfuse passthrough_hp, {}",
+                if uring { "-o io_uring" } else { "/dev/fuse" }
+            )),
+        });
+        Ok(())
+    }
+
     /// gocryptfs with default settings over `<disk>/cipher`, installed
     /// first if missing.
     fn gocryptfs(&mut self, disk: &Path, passfile: &Path) -> anyhow::Result<()> {
@@ -548,11 +619,12 @@ impl Setup {
     }
 
     fn teardown(&mut self) {
-        for m in self.mounts.drain(..).rev() {
+        for mut m in self.mounts.drain(..).rev() {
             let mnt = match &m {
                 Mounted::Kernel(p) => p,
                 Mounted::Safs(s) => &s.mountpoint,
                 Mounted::Gocryptfs(g) => &g.mountpoint,
+                Mounted::Peer(p) => &p.mountpoint,
                 Mounted::Postgres { .. } => {
                     drop(m);
                     continue;
@@ -563,8 +635,12 @@ impl Setup {
                 let _ = nix::mount::umount2(mnt, nix::mount::MntFlags::MNT_DETACH);
             }
             // The daemons still close their files on the image underneath.
-            let waited = match &m {
+            let waited = match &mut m {
                 Mounted::Kernel(_) => Ok(()),
+                Mounted::Peer(p) => {
+                    p.reap(Duration::from_secs(10));
+                    Ok(())
+                }
                 Mounted::Safs(s) => wait_unlocked(&s.volume, Duration::from_secs(120)),
                 Mounted::Gocryptfs(g) => wait_gocryptfs_exit(&g.cipherdir, Duration::from_secs(30)),
                 Mounted::Postgres { .. } => Ok(()),
@@ -609,15 +685,32 @@ mod tests {
 
     #[test]
     fn picks_choose_targets_tools_and_image_size() {
-        assert_eq!(wanted(&[]), SETUP_LABELS);
+        use crate::config::SETUP_IF_ABLE;
+        assert_eq!(wanted(&[], true, true), SETUP_LABELS);
+        // Without picks, the targets that need something only when it is
+        // there.
+        let all = wanted(&[], false, false);
+        assert!(all.iter().all(|l| !SETUP_IF_ABLE.contains(l)), "{all:?}");
+        assert_eq!(all.len(), SETUP_LABELS.len() - SETUP_IF_ABLE.len());
+        assert_eq!(
+            wanted(&[], true, false)
+                .into_iter()
+                .filter(|l| SETUP_IF_ABLE.contains(l))
+                .collect::<Vec<_>>(),
+            ["passthrough_hp"]
+        );
         let picks = ["gocryptfs".to_string(), "safs".to_string()];
         // In setup order, whatever the order of the picks.
-        assert_eq!(wanted(&picks), ["safs", "gocryptfs"]);
-        assert_eq!(tools_for(&wanted(&picks)), [Tool::MkfsExt4]);
+        assert_eq!(wanted(&picks, false, false), ["safs", "gocryptfs"]);
+        assert_eq!(tools_for(&wanted(&picks, false, false)), [Tool::MkfsExt4]);
+        // A pick is made (or reported skipped) whatever is there.
+        let picks = ["passthrough_hp-uring".to_string()];
+        assert_eq!(wanted(&picks, false, false), ["passthrough_hp-uring"]);
         assert_eq!(tools_for(&["tmpfs"]), []);
         assert_eq!(tools_for(&["xfs"]), [Tool::MkfsXfs]);
-        // One image's worth per safs volume on the shared image.
-        assert_eq!(safs_disk_bytes(4, &SETUP_LABELS), 16);
+        // One image's worth per safs volume (five) and passthrough_hp
+        // backing directory (two) on the shared image.
+        assert_eq!(safs_disk_bytes(4, &SETUP_LABELS), 28);
         assert_eq!(safs_disk_bytes(4, &["gocryptfs"]), 4);
     }
 }
