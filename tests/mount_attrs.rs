@@ -333,19 +333,6 @@ fn write_by_other_user_clears_setid_bits_passthrough() {
     write_by_other_user_clears_setid(&["passthrough"]);
 }
 
-/// The `count` of opcode `op` the daemon served so far.
-fn served(v: &TestVolume, op: &str) -> u64 {
-    let out = safs(["info".as_ref(), "--json".as_ref(), v.mnt().as_os_str()]);
-    out.assert_success("safs info --json");
-    let stats: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
-    stats["ops"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|o| o["op"] == op)
-        .map_or(0, |o| o["count"].as_u64().unwrap())
-}
-
 /// Writes through the daemon do not ask for `security.capability` first
 /// (under FUSE_HANDLE_KILLPRIV_V2 the kernel marks a checked inode
 /// S_NOSEC), and a file that has the capability xattr still loses it to a

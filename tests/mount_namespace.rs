@@ -1112,19 +1112,6 @@ fn directory_size_grows_with_its_entries() {
     assert_eq!(lmeta(&d).len(), 4096 * 3, "300 entries");
 }
 
-/// LOOKUP requests the daemon served so far.
-fn lookups(v: &TestVolume) -> u64 {
-    let out = safs(["info".as_ref(), "--json".as_ref(), v.mnt().as_os_str()]);
-    out.assert_success("safs info --json");
-    let stats: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
-    stats["ops"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|o| o["op"] == "lookup")
-        .map_or(0, |o| o["count"].as_u64().unwrap())
-}
-
 /// Absent names are cached negative by the kernel (a repeated probe asks
 /// the daemon nothing), and every way of making a name through the mount
 /// replaces the negative entry at once; removed names read as absent.
@@ -1140,18 +1127,18 @@ fn absent_names_are_cached_negative_and_every_new_name_replaces_them() {
         );
     };
     // What a `safs info` call itself costs in lookups, to subtract.
-    let a = lookups(&v);
-    let b = lookups(&v);
+    let a = served(&v, "lookup");
+    let b = served(&v, "lookup");
     let own = b - a;
     absent(&v.path("probe"));
-    let before = lookups(&v);
+    let before = served(&v, "lookup");
     for _ in 0..100 {
         absent(&v.path("probe"));
     }
     // Without the negative entry each probe would send one; a `safs info`
     // call itself sends 0 or 1 (`own` was measured once, so it may be off
     // by one either way).
-    let sent = lookups(&v) - before;
+    let sent = served(&v, "lookup") - before;
     assert!(
         sent <= own + 1,
         "100 probes of a known-absent name sent no LOOKUP: {sent} counted, a `safs info` call costs {own}"

@@ -1,6 +1,7 @@
 //! INIT: what safs asks of the kernel, and what the answer means for the
 //! session (passthrough, io_uring, how requests are decoded).
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::proto::abi;
@@ -146,6 +147,15 @@ impl SafsFuse {
         };
         if uring {
             flags |= abi::FUSE_OVER_IO_URING;
+            // Contents through the daemon: reads off the queue threads.
+            if flags & abi::FUSE_PASSTHROUGH == 0 {
+                let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+                let _ = self.readers.set(super::readers::Pool::start(
+                    Arc::clone(&self.fs),
+                    Arc::clone(&self.stats),
+                    cpus,
+                ));
+            }
         }
         let minor = init.minor.min(MAX_MINOR);
         let _ = self.negotiated.set(Negotiated {

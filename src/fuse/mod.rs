@@ -11,6 +11,7 @@ mod answer;
 mod attr;
 mod init;
 pub mod proto;
+mod readers;
 pub mod session;
 pub mod stats;
 mod syncer;
@@ -95,6 +96,9 @@ pub struct SafsFuse {
     conn: OnceLock<(transport::Conn, Notifier)>,
     /// The fsync worker's queue.
     syncs: std::sync::mpsc::Sender<syncer::Job>,
+    /// Over io_uring: the pool READs of contents through the daemon go to
+    /// (see `readers`); set at INIT.
+    readers: OnceLock<readers::Pool>,
 }
 
 #[derive(Default)]
@@ -116,6 +120,7 @@ impl SafsFuse {
             stats,
             conn: OnceLock::new(),
             syncs: syncer::start(Arc::clone(&fs)),
+            readers: OnceLock::new(),
             fs,
         }
     }
@@ -451,8 +456,22 @@ impl SafsFuse {
             Req::Read {
                 fh, offset, size, ..
             } => {
-                let _t = self.stats.start(Op::Read);
-                Data(reply).answer(self.fs.read(Fh(fh), offset, size));
+                let t = self.stats.start(Op::Read);
+                let Some(pool) = self.readers.get().filter(|p| p.wanted(size)) else {
+                    return Data(reply).answer(self.fs.read(Fh(fh), offset, size));
+                };
+                let job = readers::Job {
+                    fh: Fh(fh),
+                    offset,
+                    size,
+                    reply: Data(reply),
+                    since: t.hand_off(),
+                };
+                if let Err(job) = pool.send(job) {
+                    // The pool is gone (it never stops before the session).
+                    job.reply.answer(self.fs.read(job.fh, job.offset, job.size));
+                    self.stats.record(Op::Read, job.since);
+                }
             }
             Req::Write {
                 fh,

@@ -69,17 +69,32 @@ pub struct Timer<'a> {
 
 impl Drop for Timer<'_> {
     fn drop(&mut self) {
-        let ns = self.start.elapsed().as_nanos() as u64;
-        let s = &self.stats.ops[self.op as usize];
+        self.stats.record(self.op, self.start);
+    }
+}
+
+impl Timer<'_> {
+    /// The request is answered on another thread, which records it with
+    /// [`Stats::record`] when done; when it started.
+    pub fn hand_off(self) -> Instant {
+        let start = self.start;
+        std::mem::forget(self);
+        start
+    }
+}
+
+impl Stats {
+    /// Records one request of `op` that started at `start` and is done.
+    pub fn record(&self, op: Op, start: Instant) {
+        let ns = start.elapsed().as_nanos() as u64;
+        let s = &self.ops[op as usize];
         s.count.fetch_add(1, Ordering::Relaxed);
         s.nanos.fetch_add(ns, Ordering::Relaxed);
         let us = ns / 1000;
         let bucket = (u64::BITS - us.leading_zeros()) as usize;
         s.hist[bucket.min(BUCKETS - 1)].fetch_add(1, Ordering::Relaxed);
     }
-}
 
-impl Stats {
     pub fn start(&self, op: Op) -> Timer<'_> {
         Timer {
             stats: self,

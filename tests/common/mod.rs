@@ -181,6 +181,20 @@ where
 }
 
 /// Polls `cond` every 20 ms until it holds or `timeout` passes.
+/// How many requests of opcode `op` (`"lookup"`, `"getxattr"`…) the daemon
+/// serving `v` has answered so far (`safs info --json`).
+pub fn served(v: &TestVolume, op: &str) -> u64 {
+    let out = safs(["info".as_ref(), "--json".as_ref(), v.mnt().as_os_str()]);
+    out.assert_success("safs info --json");
+    let stats: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    stats["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["op"] == op)
+        .map_or(0, |o| o["count"].as_u64().unwrap())
+}
+
 pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     loop {

@@ -422,6 +422,8 @@ struct Queue {
 thread_local! {
     /// The queue this thread serves (its address; 0: none).
     static SERVING: Cell<usize> = const { Cell::new(0) };
+    /// Requests fetched with the one being served and not served yet.
+    static WAITING: Cell<usize> = const { Cell::new(0) };
     /// Entries replied on the queue thread, committed after `handle`.
     static LOCAL_DONE: RefCell<Vec<Done>> = const { RefCell::new(Vec::new()) };
 }
@@ -710,9 +712,11 @@ impl QueueThread {
         SERVING.set(self.queue.id());
         loop {
             let cqes = std::mem::take(&mut self.cqes);
-            for &(ud, res) in &cqes {
+            for (i, &(ud, res)) in cqes.iter().enumerate() {
+                WAITING.set(cqes.len() - 1 - i);
                 self.on_cqe(ud, res);
             }
+            WAITING.set(0);
             self.cqes = cqes;
             self.cqes.clear();
             self.commit_replies();
@@ -1074,6 +1078,13 @@ fn eventfd() -> io::Result<File> {
     }
     // SAFETY: `fd` is a new descriptor nothing else owns.
     Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+/// Whether, on an io_uring queue thread, other requests arrived with the
+/// one being served and wait for this thread (a handler may then hand slow
+/// work to other threads rather than keep them waiting).
+pub fn requests_waiting() -> bool {
+    WAITING.try_with(Cell::get).unwrap_or(0) > 0
 }
 
 /// Binds the calling thread to `cpu`.
