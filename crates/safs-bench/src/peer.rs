@@ -51,15 +51,22 @@ impl Peer {
             .stdout(out.try_clone()?)
             .stderr(out);
         // It keeps a descriptor open per inode it has seen: T2's tree and
-        // T5's largest directory need far more than the default 1024.
+        // T5's largest directory need far more than the default 1024, or
+        // than the hard limit (root may raise it up to fs.nr_open).
+        let want: u64 = std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(1 << 20);
         // SAFETY: setrlimit is async-signal-safe; nothing else runs between
         // fork and exec.
         #[allow(unsafe_code)]
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 use nix::sys::resource::{Resource, getrlimit, setrlimit};
-                let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
-                setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+                if setrlimit(Resource::RLIMIT_NOFILE, want, want).is_err() {
+                    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+                    setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+                }
                 Ok(())
             });
         }
