@@ -283,10 +283,16 @@ fn a_postgresql_server_crash_under_a_workload_loses_nothing_acknowledged() {
     for d in ["a", "b", "c"] {
         std::fs::create_dir(mnt.join(d)).unwrap();
     }
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
+    // SAFS_CRASH_SEED replays one run, as for the crash loops.
+    let seed = std::env::var("SAFS_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.split(',').next()?.trim().parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
     eprintln!("seed {seed}");
     let mut rng = Rng(seed | 1);
     let names = names();
@@ -307,7 +313,10 @@ fn a_postgresql_server_crash_under_a_workload_loses_nothing_acknowledged() {
                 done += 1;
             }
             (Outcome::Refused, _) => {}
-            (Outcome::Dead, _) => panic!("seed {seed}: the daemon died at step {i}"),
+            (Outcome::Dead, _) => panic!(
+                "seed {seed}: the daemon died at step {i}; its log:\n{}",
+                std::fs::read_to_string(vol.join("safs.log")).unwrap_or_default()
+            ),
         }
     }
     assert_eq!(crashes, 2);
