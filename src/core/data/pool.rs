@@ -30,6 +30,12 @@ use parking_lot::{Condvar, Mutex};
 /// catches up, few enough that a mount leaves little behind.
 pub const DEPTH: u64 = 64;
 
+/// The thread is woken only once fewer than this many are ready or being
+/// made, and then fills up to [`DEPTH`] in one go: waking it for every
+/// create cost a cross-CPU wakeup per file (on a 2-vCPU VM the largest
+/// single item of a create's CPU time after the FUSE round trip itself).
+pub const LOW_WATER: u64 = DEPTH / 2;
+
 enum Slot {
     /// The thread is creating it (outside the lock).
     Making,
@@ -57,7 +63,10 @@ struct Inner {
 
 struct Shared {
     inner: Mutex<Inner>,
-    changed: Condvar,
+    /// The thread waits here for work.
+    wanted: Condvar,
+    /// Takes wait here for a file the thread is making.
+    made: Condvar,
 }
 
 /// Where a backing file lives, by inode number.
@@ -86,7 +95,8 @@ impl Pool {
                 warned: false,
                 stop: false,
             }),
-            changed: Condvar::new(),
+            wanted: Condvar::new(),
+            made: Condvar::new(),
         });
         let (s, p) = (Arc::clone(&shared), Arc::clone(&path));
         let thread = std::thread::Builder::new()
@@ -105,7 +115,8 @@ impl Pool {
     pub fn take(&self, ino: u64, regular: bool) -> Option<File> {
         let mut g = self.shared.inner.lock();
         g.next = g.next.max(ino + 1);
-        g.failed = false;
+        // A failed make is tried again from the next take on.
+        let retry = std::mem::take(&mut g.failed);
         // Numbers below were taken without passing here: their files go.
         let below: Vec<u64> = g.slots.range(..ino).map(|(&k, _)| k).collect();
         for k in below {
@@ -116,7 +127,7 @@ impl Pool {
         let file = loop {
             match g.slots.get(&ino) {
                 // Moments away: waiting is cheaper than making another.
-                Some(Slot::Making) => self.shared.changed.wait(&mut g),
+                Some(Slot::Making) => self.shared.made.wait(&mut g),
                 Some(Slot::Ready(_)) => match g.slots.remove(&ino) {
                     Some(Slot::Ready(f)) => break Some(f),
                     _ => unreachable!("checked above"),
@@ -132,8 +143,11 @@ impl Pool {
             }
             (None, _) => None,
         };
+        let low = (g.slots.len() as u64) < LOW_WATER;
         drop(g);
-        self.shared.changed.notify_all();
+        if low || retry {
+            self.shared.wanted.notify_one();
+        }
         file
     }
 
@@ -173,7 +187,7 @@ impl Pool {
     /// Stops the thread and waits for it.
     fn halt(&self) {
         self.shared.inner.lock().stop = true;
-        self.shared.changed.notify_all();
+        self.shared.wanted.notify_all();
         if let Some(t) = self.thread.lock().take() {
             let _ = t.join();
         }
@@ -220,7 +234,7 @@ impl Shared {
                 continue;
             }
             let Some(ino) = wanted else {
-                self.changed.wait(&mut g);
+                self.wanted.wait(&mut g);
                 continue;
             };
             g.slots.insert(ino, Slot::Making);
@@ -249,8 +263,8 @@ impl Shared {
                 g.warned = true;
             }
         }
-        // A take may be waiting for this one.
-        self.changed.notify_all();
+        // A take may be waiting for this one (no waiter: no system call).
+        self.made.notify_all();
     }
 }
 
@@ -317,16 +331,26 @@ mod tests {
         assert!(p.take(10, true).is_some());
         assert!(p.take(11, false).is_none());
         assert!(p.take(13, true).is_some());
+        // Above the low water mark the thread is left asleep: nothing
+        // is made (and 11's file waits to be reused).
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(p.ready(), DEPTH as usize - 4);
+        // Below it, the thread fills up to DEPTH again.
+        for ino in 14..14 + LOW_WATER {
+            assert!(p.take(ino, true).is_some(), "{ino} was ready");
+        }
         settle(&p, DEPTH as usize);
         let mut want: Vec<u64> = vec![10, 13];
-        want.extend(14..14 + DEPTH);
+        want.extend(14..14 + LOW_WATER + DEPTH);
         let t = std::time::Instant::now();
         while files(dir.path()) != want {
             assert!(t.elapsed().as_secs() < 10, "{:?}", files(dir.path()));
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         p.stop();
-        assert_eq!(files(dir.path()), vec![10, 13]);
+        let mut kept = vec![10, 13];
+        kept.extend(14..14 + LOW_WATER);
+        assert_eq!(files(dir.path()), kept);
     }
 
     #[test]
