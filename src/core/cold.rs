@@ -8,8 +8,8 @@
 //! (its entry and its inode), `getattr`, `getxattr` (the inode and, for a
 //! name not inline, its spill pages) — first fetch what is missing with the
 //! lock released, then take it again and keep what they read only if
-//! nothing changed meanwhile. A readdirplus entry's attributes are read the
-//! same way.
+//! nothing changed meanwhile. The attributes of a readdirplus page's
+//! entries are read the same way, all in one engine call.
 //!
 //! "Nothing changed" is the pair ([`Store::applied_seq`], [`State::epoch`]):
 //! every change of this daemon applies its writes to the store under the
@@ -68,6 +68,36 @@ impl Fs {
             .get(&key)?
             .map(|rec| Inode::decode(&key, &rec).map_err(|e| CoreError::corrupt(&key, e)))
             .transpose()
+    }
+
+    /// The state lock, with every one of `inos` that exists cached: those
+    /// not cached are read together (one engine call) without the lock.
+    pub(super) fn lock_with_inodes(&self, inos: &[u64]) -> MutexGuard<'_, State> {
+        let st = self.state.lock();
+        let mut missing: Vec<u64> = inos.iter().copied().filter(|&i| !st.is_cached(i)).collect();
+        if missing.is_empty() {
+            return st;
+        }
+        missing.sort_unstable();
+        missing.dedup();
+        let (mut st, got) = self.unlocked(st, || {
+            let keys: Vec<Vec<u8>> = missing.iter().map(|&i| keys::inode(i).to_vec()).collect();
+            let recs = self.store.get_many(&keys)?;
+            let mut found = Vec::with_capacity(recs.len());
+            for ((ino, key), rec) in missing.iter().zip(&keys).zip(recs) {
+                if let Some(rec) = rec {
+                    let inode = Inode::decode(key, &rec).map_err(|e| CoreError::corrupt(key, e))?;
+                    found.push((*ino, inode));
+                }
+            }
+            Ok(found)
+        });
+        for (ino, inode) in got.into_iter().flatten() {
+            if !st.is_cached(ino) {
+                st.cache_put(ino, Cached { inode, spill: None });
+            }
+        }
+        st
     }
 
     /// The state lock, with inode `ino` cached if it exists — read without

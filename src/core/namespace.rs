@@ -978,12 +978,15 @@ impl Fs {
         Ok(out)
     }
 
-    /// Attributes for a readdirplus entry, without counting a reference
-    /// (the adapter calls [`Fs::note_lookup`] for entries it sends).
-    pub fn entry_attr(&self, ino: Ino) -> Result<Attr> {
-        let ino = ino.0;
-        let mut st = self.lock_with_inode(ino, None);
-        self.attr_locked(&mut st, ino)
+    /// Attributes for readdirplus entries, in their order, without
+    /// counting references (the adapter calls [`Fs::note_lookups`] for the
+    /// entries it sends). Inodes not cached are read in one engine call.
+    pub fn entry_attrs(&self, inos: &[Ino]) -> Vec<Result<Attr>> {
+        let raw: Vec<u64> = inos.iter().map(|i| i.0).collect();
+        let mut st = self.lock_with_inodes(&raw);
+        raw.iter()
+            .map(|&ino| self.attr_locked(&mut st, ino))
+            .collect()
     }
 
     pub fn statfs(&self) -> Result<Statfs> {

@@ -266,6 +266,50 @@ impl SafsFuse {
         }
     }
 
+    /// A READDIRPLUS reply of at most `size` bytes: the entries after
+    /// cookie `offset` with their attributes. Entries are read a page at a
+    /// time, a page being about what the reply can hold, and the attributes
+    /// of a page in one go (one engine call for the inodes not cached: a
+    /// cold `ls -l` or `du` reads a directory's inodes together). The
+    /// kernel's references are counted once the reply is complete, for the
+    /// entries in it.
+    fn list_plus(&self, ino: Ino, mut offset: Cookie, size: usize) -> core::Result<DirBuf> {
+        // The smallest record: entry_out and dirent headers, a short name.
+        const SMALLEST: usize = size_of::<abi::EntryOut>() + size_of::<abi::Dirent>() + 8;
+        let page = (size / SMALLEST).clamp(1, 128);
+        let mut buf = DirBuf::new(size);
+        let mut sent = Vec::new();
+        'pages: loop {
+            let entries = self.fs.readdir(ino, offset, page)?;
+            if entries.is_empty() {
+                break;
+            }
+            let inos: Vec<Ino> = entries.iter().map(|e| e.ino).collect();
+            for (e, a) in entries.iter().zip(self.fs.entry_attrs(&inos)) {
+                let a = match a {
+                    Ok(a) => a,
+                    // Removed since the listing was read: skip it.
+                    Err(CoreError::NotFound) => {
+                        offset = e.cookie;
+                        continue;
+                    }
+                    Err(err) => return Err(err),
+                };
+                let out = self.entry_of(&a).out();
+                if !buf.add_plus(&out, e.cookie.0, dtype(e.kind), &e.name) {
+                    break 'pages;
+                }
+                // The kernel takes a reference for every entry but the dots.
+                if e.name != b"." && e.name != b".." {
+                    sent.push(e.ino);
+                }
+                offset = e.cookie;
+            }
+        }
+        self.fs.note_lookups(&sent);
+        Ok(buf)
+    }
+
     /// A listing that starts at offset 0 reads the directory: its atime.
     /// (A listing the kernel serves from its own cache never comes here;
     /// the first one after a change always does, which is what `relatime`
@@ -537,23 +581,7 @@ impl SafsFuse {
             Req::Readdirplus { offset, size, .. } => {
                 let _t = self.stats.start(Op::Readdirplus);
                 self.note_listing(ino, offset);
-                let mut buf = DirBuf::new(size as usize);
-                let r = self.list(ino, Cookie(offset), 128, |e| {
-                    let a = match self.fs.entry_attr(e.ino) {
-                        Ok(a) => a,
-                        // Removed since the listing was read: skip it.
-                        Err(CoreError::NotFound) => return Ok(false),
-                        Err(err) => return Err(err),
-                    };
-                    let out = self.entry_of(&a).out();
-                    let added = buf.add_plus(&out, e.cookie.0, dtype(e.kind), &e.name);
-                    // The kernel takes a reference for every entry but the dots.
-                    if added && e.name != b"." && e.name != b".." {
-                        self.fs.note_lookup(e.ino);
-                    }
-                    Ok(!added)
-                });
-                Listing(reply).answer(r.map(|()| buf));
+                Listing(reply).answer(self.list_plus(ino, Cookie(offset), size as usize));
             }
             Req::Releasedir { .. } => {
                 let _t = self.stats.start(Op::Releasedir);

@@ -209,6 +209,13 @@ pub trait MetaRead {
         Ok(Some((value, pointee)))
     }
 
+    /// The values at `keys`, in their order. Engines answer them in one
+    /// read transaction (LMDB) or one round trip (PostgreSQL); the default
+    /// reads each in turn.
+    fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, MetaError> {
+        keys.iter().map(|k| self.get(k)).collect()
+    }
+
     /// Whether [`MetaRead::get_and_follow`] costs what one read costs: only
     /// then is it worth calling by a caller that may not need the pointee.
     fn follows_in_one_read(&self) -> bool {

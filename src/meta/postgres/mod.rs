@@ -113,6 +113,8 @@ const SESSION_LIVE: &str = "EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 
 struct Conn {
     client: Client,
     get: Statement,
+    /// Values of several keys in one round trip.
+    get_many: Statement,
     /// A value and the one its bytes point to, in one round trip.
     get_and_follow: Statement,
     scan: Statement,
@@ -297,6 +299,9 @@ impl PgStore {
         let get = client
             .prepare("SELECT v FROM safs_kv WHERE k = $1")
             .map_err(engine_err)?;
+        let get_many = client
+            .prepare("SELECT k, v FROM safs_kv WHERE k = ANY($1::bytea[])")
+            .map_err(engine_err)?;
         let scan = client
             .prepare("SELECT k, v FROM safs_kv WHERE k >= $1 AND k < $2 ORDER BY k LIMIT $3")
             .map_err(engine_err)?;
@@ -348,6 +353,7 @@ impl PgStore {
         Ok(Conn {
             client,
             get,
+            get_many,
             get_and_follow,
             scan,
             commit,
@@ -552,6 +558,22 @@ impl MetaRead for PgStore {
             let row = c.client.query_opt(&c.get, &[&key])?;
             Ok(row.map(|r| r.get::<_, Vec<u8>>(0)))
         })
+    }
+
+    fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, MetaError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One round trip: counted as one read.
+        self.tally.get();
+        let found: std::collections::HashMap<Vec<u8>, Vec<u8>> = self.with_conn(|c| {
+            let rows = c.client.query(&c.get_many, &[&keys])?;
+            Ok(rows
+                .into_iter()
+                .map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, Vec<u8>>(1)))
+                .collect())
+        })?;
+        Ok(keys.iter().map(|k| found.get(k).cloned()).collect())
     }
 
     fn get_and_follow(
