@@ -1185,3 +1185,51 @@ fn absent_names_are_cached_negative_and_every_new_name_replaces_them() {
     assert_eq!(fs::read(v.path("file")).unwrap(), b"moved");
     assert_eq!(fs::read(v.path("hard")).unwrap(), b"source");
 }
+
+/// A READDIRPLUS page's entries are counted as kernel references when
+/// their attributes are read, and those that do not fit in the reply are
+/// given back: files listed with attributes (long names, so every reply
+/// leaves some of its page out) and then removed are all freed, which an
+/// entry counted but never sent would prevent until unmount.
+#[test]
+fn files_listed_with_attributes_then_removed_are_freed() {
+    let v = TestVolume::new();
+    let used = || {
+        let s = nix::sys::statvfs::statvfs(v.mnt()).unwrap();
+        s.files() - s.files_free()
+    };
+    let dir = v.path("d");
+    fs::create_dir(&dir).unwrap();
+    let before = used();
+    let names: Vec<String> = (0..300)
+        .map(|i| {
+            format!(
+                "{}-{i:04}",
+                "a-name-long-enough-that-few-fit-in-one-reply".repeat(2)
+            )
+        })
+        .collect();
+    for n in &names {
+        File::create(dir.join(n)).unwrap();
+    }
+    assert_eq!(used(), before + 300);
+    // A listing with attributes (readdirplus), as `ls -l` makes one.
+    let mut seen = 0;
+    for e in fs::read_dir(&dir).unwrap() {
+        assert!(e.unwrap().metadata().unwrap().is_file());
+        seen += 1;
+    }
+    assert_eq!(seen, 300);
+    assert!(
+        served(&v, "readdirplus") >= 2,
+        "the listing took several replies"
+    );
+    for n in &names {
+        fs::remove_file(dir.join(n)).unwrap();
+    }
+    assert!(
+        wait_until(std::time::Duration::from_secs(10), || used() == before),
+        "{} inodes still in use after the removal",
+        used() - before
+    );
+}

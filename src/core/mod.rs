@@ -703,14 +703,6 @@ impl Fs {
         self.state.lock().add_lookup(ino.0);
     }
 
-    /// [`Fs::note_lookup`] for each of `inos`, under one hold of the lock.
-    pub fn note_lookups(&self, inos: &[Ino]) {
-        let mut st = self.state.lock();
-        for ino in inos {
-            st.add_lookup(ino.0);
-        }
-    }
-
     /// FUSE `forget`: the kernel dropped `n` references to `ino`.
     pub fn forget(&self, ino: Ino, n: u64) {
         let ino = ino.0;

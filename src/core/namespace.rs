@@ -978,14 +978,23 @@ impl Fs {
         Ok(out)
     }
 
-    /// Attributes for readdirplus entries, in their order, without
-    /// counting references (the adapter calls [`Fs::note_lookups`] for the
-    /// entries it sends). Inodes not cached are read in one engine call.
-    pub fn entry_attrs(&self, inos: &[Ino]) -> Vec<Result<Attr>> {
+    /// Attributes for readdirplus entries, in their order; inodes not
+    /// cached are read in one engine call. Each entry found whose `counted`
+    /// flag is set gets a kernel reference under the same hold of the lock
+    /// (so it cannot be freed between the two): the adapter gives back,
+    /// with [`Fs::forget`], those it does not send after all.
+    pub fn entry_attrs(&self, inos: &[Ino], counted: &[bool]) -> Vec<Result<Attr>> {
         let raw: Vec<u64> = inos.iter().map(|i| i.0).collect();
         let mut st = self.lock_with_inodes(&raw);
         raw.iter()
-            .map(|&ino| self.attr_locked(&mut st, ino))
+            .zip(counted)
+            .map(|(&ino, &count)| {
+                let a = self.attr_locked(&mut st, ino)?;
+                if count {
+                    st.add_lookup(ino);
+                }
+                Ok(a)
+            })
             .collect()
     }
 

@@ -270,44 +270,77 @@ impl SafsFuse {
     /// cookie `offset` with their attributes. Entries are read a page at a
     /// time, a page being about what the reply can hold, and the attributes
     /// of a page in one go (one engine call for the inodes not cached: a
-    /// cold `ls -l` or `du` reads a directory's inodes together). The
-    /// kernel's references are counted once the reply is complete, for the
-    /// entries in it.
+    /// cold `ls -l` or `du` reads a directory's inodes together).
     fn list_plus(&self, ino: Ino, mut offset: Cookie, size: usize) -> core::Result<DirBuf> {
         // The smallest record: entry_out and dirent headers, a short name.
         const SMALLEST: usize = size_of::<abi::EntryOut>() + size_of::<abi::Dirent>() + 8;
         let page = (size / SMALLEST).clamp(1, 128);
         let mut buf = DirBuf::new(size);
-        let mut sent = Vec::new();
-        'pages: loop {
-            let entries = self.fs.readdir(ino, offset, page)?;
+        // The kernel takes a reference for every entry sent but the dots.
+        // They are counted with the attributes (see `Fs::entry_attrs`) and
+        // given back for entries that do not go out after all.
+        let mut sent: Vec<Ino> = Vec::new();
+        let give_back = |inos: Vec<Ino>| {
+            for i in inos {
+                self.fs.forget(i, 1);
+            }
+        };
+        loop {
+            let entries = match self.fs.readdir(ino, offset, page) {
+                Ok(e) => e,
+                Err(err) => {
+                    give_back(sent);
+                    return Err(err);
+                }
+            };
             if entries.is_empty() {
-                break;
+                return Ok(buf);
             }
             let inos: Vec<Ino> = entries.iter().map(|e| e.ino).collect();
-            for (e, a) in entries.iter().zip(self.fs.entry_attrs(&inos)) {
-                let a = match a {
-                    Ok(a) => a,
-                    // Removed since the listing was read: skip it.
-                    Err(CoreError::NotFound) => {
-                        offset = e.cookie;
-                        continue;
+            let counted: Vec<bool> = entries
+                .iter()
+                .map(|e| e.name != b"." && e.name != b"..")
+                .collect();
+            let attrs = self.fs.entry_attrs(&inos, &counted);
+            let (mut full, mut failed, mut unsent) = (false, None, Vec::new());
+            for ((e, a), count) in entries.iter().zip(attrs).zip(counted) {
+                if full || failed.is_some() {
+                    if count && a.is_ok() {
+                        unsent.push(e.ino);
                     }
-                    Err(err) => return Err(err),
-                };
-                let out = self.entry_of(&a).out();
-                if !buf.add_plus(&out, e.cookie.0, dtype(e.kind), &e.name) {
-                    break 'pages;
+                    continue;
                 }
-                // The kernel takes a reference for every entry but the dots.
-                if e.name != b"." && e.name != b".." {
-                    sent.push(e.ino);
+                match a {
+                    Ok(a) => {
+                        let out = self.entry_of(&a).out();
+                        if buf.add_plus(&out, e.cookie.0, dtype(e.kind), &e.name) {
+                            offset = e.cookie;
+                            if count {
+                                sent.push(e.ino);
+                            }
+                        } else {
+                            full = true;
+                            if count {
+                                unsent.push(e.ino);
+                            }
+                        }
+                    }
+                    // Removed since the listing was read: skipped.
+                    Err(CoreError::NotFound) => offset = e.cookie,
+                    Err(err) => failed = Some(err),
                 }
-                offset = e.cookie;
+            }
+            if let Some(err) = failed {
+                // The reply is the error: nothing is sent.
+                unsent.append(&mut sent);
+                give_back(unsent);
+                return Err(err);
+            }
+            give_back(unsent);
+            if full {
+                return Ok(buf);
             }
         }
-        self.fs.note_lookups(&sent);
-        Ok(buf)
     }
 
     /// A listing that starts at offset 0 reads the directory: its atime.
