@@ -333,6 +333,11 @@ impl Fs {
         }
         // Before the clean mark: a clean volume has no stray backing files.
         self.data.stop_pool();
+        if !self.opts.read_only && !self.is_shared() {
+            if let Err(e) = self.reclaim_at_close() {
+                tracing::error!(error = %e, "inodes unlinked while open are left to the next mount");
+            }
+        }
         if !self.opts.read_only {
             // Clean only if no other daemon still serves the volume.
             match self.store.lease() {
@@ -440,6 +445,34 @@ impl Fs {
         if let Some(plan) = &plan {
             self.store.sync()?;
             self.bury(plan)?;
+        }
+        Ok(())
+    }
+
+    /// The session is over, and the kernel's references and open files with
+    /// it, whether or not their FORGET and RELEASE arrived before it ended
+    /// (an unmount drops those still queued): inodes unlinked while open
+    /// are freed now, so that their space is back once the unmount is done,
+    /// not at the next mount. (Shared volumes leave them to the recovery
+    /// plan: other daemons may hold them.)
+    fn reclaim_at_close(&self) -> Result<()> {
+        let mut st = self.state.lock();
+        let mut freed = 0u64;
+        self.scan_pairs(keys::P_ORPHAN, |k, _| {
+            let ino = keys::key_ino(k).ok_or_else(|| {
+                CoreError::corrupt(k, crate::format::FormatError::Malformed("short key"))
+            })?;
+            let mut w = Vec::new();
+            let unlink = self.free_inode(&mut st, &mut w, ino)?;
+            self.store.apply_then_unlink(w, unlink);
+            freed += 1;
+            Ok(())
+        })?;
+        if freed > 0 {
+            tracing::info!(
+                freed,
+                "freed inodes unlinked while open, at the end of the session"
+            );
         }
         Ok(())
     }

@@ -573,6 +573,39 @@ fn xattr_flags_and_limits() {
     ));
 }
 
+/// The end of the session frees a file unlinked while open even if its
+/// handle was never released (an unmount drops a RELEASE or FORGET still
+/// queued): its records and backing file are gone once `close` returns.
+#[test]
+fn unlinked_open_file_is_freed_when_the_session_ends() {
+    let t = setup(320);
+    let ino = file(&t, "f");
+    let h =
+        t.fs.open(
+            ino,
+            OpenMode {
+                write: true,
+                truncate: false,
+            },
+        )
+        .unwrap();
+    t.fs.write(h.fh, 0, b"hello").unwrap();
+    t.fs.unlink(Ino::ROOT, b"f").unwrap();
+    t.fs.sync().unwrap();
+    assert!(t.engine.get(&keys::orphan(ino.0)).unwrap().is_some());
+    let backing = t
+        ._dir
+        .path()
+        .join("data")
+        .join(format!("{:02x}", ino.0 & 0xff))
+        .join(format!("{:016x}", ino.0));
+    assert!(backing.exists());
+    t.fs.close().unwrap();
+    assert!(t.engine.get(&keys::orphan(ino.0)).unwrap().is_none());
+    assert!(t.engine.get(&keys::inode(ino.0)).unwrap().is_none());
+    assert!(!backing.exists(), "{} left behind", backing.display());
+}
+
 #[test]
 fn unlinked_open_file_is_reclaimed_at_next_mount() {
     let t = setup(320);
