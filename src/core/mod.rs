@@ -412,24 +412,14 @@ impl Fs {
             None
         };
         let mut st = self.state.lock();
-        let mut reclaimed = 0u64;
-        self.scan_pairs(keys::P_ORPHAN, |k, v| {
-            let ino = keys::key_ino(k).ok_or_else(|| {
-                CoreError::corrupt(k, crate::format::FormatError::Malformed("short key"))
-            })?;
-            if let Some(plan) = &plan {
-                let tag = crate::format::dirent::decode_orphan(k, v)
-                    .map_err(|e| CoreError::corrupt(k, e))?;
-                // Still open here: freed when this daemon lets go of it.
-                if !plan.reclaims(tag) || st.referenced(ino) {
-                    return Ok(());
-                }
-            }
-            let mut w = Vec::new();
-            let unlink = self.free_inode(&mut st, &mut w, ino)?;
-            self.store.apply_then_unlink(w, unlink);
-            reclaimed += 1;
-            Ok(())
+        let reclaimed = self.free_orphans(&mut st, |st, k, v, ino| {
+            let Some(plan) = &plan else {
+                return Ok(true);
+            };
+            let tag =
+                crate::format::dirent::decode_orphan(k, v).map_err(|e| CoreError::corrupt(k, e))?;
+            // Still open here: freed when this daemon lets go of it.
+            Ok(plan.reclaims(tag) && !st.referenced(ino))
         })?;
         if reclaimed > 0 {
             tracing::info!(reclaimed, "reclaimed inodes unlinked while open");
@@ -457,17 +447,7 @@ impl Fs {
     /// plan: other daemons may hold them.)
     fn reclaim_at_close(&self) -> Result<()> {
         let mut st = self.state.lock();
-        let mut freed = 0u64;
-        self.scan_pairs(keys::P_ORPHAN, |k, _| {
-            let ino = keys::key_ino(k).ok_or_else(|| {
-                CoreError::corrupt(k, crate::format::FormatError::Malformed("short key"))
-            })?;
-            let mut w = Vec::new();
-            let unlink = self.free_inode(&mut st, &mut w, ino)?;
-            self.store.apply_then_unlink(w, unlink);
-            freed += 1;
-            Ok(())
-        })?;
+        let freed = self.free_orphans(&mut st, |_, _, _, _| Ok(true))?;
         if freed > 0 {
             tracing::info!(
                 freed,
@@ -475,6 +455,30 @@ impl Fs {
             );
         }
         Ok(())
+    }
+
+    /// Frees every inode unlinked while open (an orphan record) that
+    /// `wanted(state, key, value, ino)` says may go; how many went.
+    fn free_orphans(
+        &self,
+        st: &mut State,
+        mut wanted: impl FnMut(&State, &[u8], &[u8], u64) -> Result<bool>,
+    ) -> Result<u64> {
+        let mut freed = 0u64;
+        self.scan_pairs(keys::P_ORPHAN, |k, v| {
+            let ino = keys::key_ino(k).ok_or_else(|| {
+                CoreError::corrupt(k, crate::format::FormatError::Malformed("short key"))
+            })?;
+            if !wanted(st, k, v, ino)? {
+                return Ok(());
+            }
+            let mut w = Vec::new();
+            let unlink = self.free_inode(st, &mut w, ino)?;
+            self.store.apply_then_unlink(w, unlink);
+            freed += 1;
+            Ok(())
+        })?;
+        Ok(freed)
     }
 
     fn set_mount_state(&self, clean: bool) {

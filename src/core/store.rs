@@ -1182,6 +1182,29 @@ mod tests {
         assert_eq!(engine.get(b"a").unwrap(), None);
     }
 
+    fn key(k: u16) -> Vec<u8> {
+        k.to_be_bytes().to_vec()
+    }
+
+    /// A store over an engine holding `committed`, with `pending` applied
+    /// and kept in memory (a long commit interval).
+    fn overlaid(committed: &BTreeMap<u16, u8>, pending: &BTreeMap<u16, Option<u8>>) -> Arc<Store> {
+        let engine = Arc::new(MemStore::new());
+        let batch: Vec<Write> = committed
+            .iter()
+            .map(|(k, v)| (key(*k), Some(vec![*v])))
+            .collect();
+        engine.commit(&batch).unwrap();
+        let store = Store::new(engine, Duration::from_secs(3600), None);
+        store.apply(
+            pending
+                .iter()
+                .map(|(k, v)| (key(*k), v.map(|v| vec![v])))
+                .collect(),
+        );
+        store
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
         /// A merged scan equals a scan of the model, whatever mix of keys is
@@ -1192,13 +1215,7 @@ mod tests {
             pending in proptest::collection::btree_map(0u16..200, proptest::option::of(any::<u8>()), 0..80),
             limit in 1usize..20,
         ) {
-            let engine = Arc::new(MemStore::new());
-            let key = |k: u16| k.to_be_bytes().to_vec();
-            let batch: Vec<Write> = committed.iter().map(|(k, v)| (key(*k), Some(vec![*v]))).collect();
-            engine.commit(&batch).unwrap();
-            // A long interval keeps the pending batch in memory.
-            let store = Store::new(engine, Duration::from_secs(3600), None);
-            store.apply(pending.iter().map(|(k, v)| (key(*k), v.map(|v| vec![v]))).collect());
+            let store = overlaid(&committed, &pending);
             let mut model: BTreeMap<Vec<u8>, Vec<u8>> = committed.iter().map(|(k, v)| (key(*k), vec![*v])).collect();
             for (k, v) in &pending {
                 match v { Some(v) => { model.insert(key(*k), vec![*v]); } None => { model.remove(&key(*k)); } }
@@ -1228,12 +1245,7 @@ mod tests {
             pending in proptest::collection::btree_map(0u16..100, proptest::option::of(any::<u8>()), 0..50),
             asked in proptest::collection::vec(0u16..100, 0..40),
         ) {
-            let engine = Arc::new(MemStore::new());
-            let key = |k: u16| k.to_be_bytes().to_vec();
-            let batch: Vec<Write> = committed.iter().map(|(k, v)| (key(*k), Some(vec![*v]))).collect();
-            engine.commit(&batch).unwrap();
-            let store = Store::new(engine, Duration::from_secs(3600), None);
-            store.apply(pending.iter().map(|(k, v)| (key(*k), v.map(|v| vec![v]))).collect());
+            let store = overlaid(&committed, &pending);
             let keys: Vec<Vec<u8>> = asked.iter().map(|k| key(*k)).collect();
             let got = store.get_many(&keys).unwrap();
             let want: Vec<Option<Vec<u8>>> = asked

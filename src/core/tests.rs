@@ -573,13 +573,10 @@ fn xattr_flags_and_limits() {
     ));
 }
 
-/// The end of the session frees a file unlinked while open even if its
-/// handle was never released (an unmount drops a RELEASE or FORGET still
-/// queued): its records and backing file are gone once `close` returns.
-#[test]
-fn unlinked_open_file_is_freed_when_the_session_ends() {
-    let t = setup(320);
-    let ino = file(&t, "f");
+/// File `name` in the root, opened for writing, written, unlinked while
+/// open (and synced): its inode number and handle.
+fn open_unlinked(t: &T, name: &str) -> (Ino, Arc<Handle>) {
+    let ino = file(t, name);
     let h =
         t.fs.open(
             ino,
@@ -590,15 +587,30 @@ fn unlinked_open_file_is_freed_when_the_session_ends() {
         )
         .unwrap();
     t.fs.write(h.fh, 0, b"hello").unwrap();
-    t.fs.unlink(Ino::ROOT, b"f").unwrap();
+    t.fs.unlink(Ino::ROOT, name.as_bytes()).unwrap();
+    // Still readable through the handle.
+    assert_eq!(t.fs.read(h.fh, 0, 5).unwrap(), b"hello");
     t.fs.sync().unwrap();
     assert!(t.engine.get(&keys::orphan(ino.0)).unwrap().is_some());
-    let backing = t
-        ._dir
+    (ino, h)
+}
+
+fn backing_path(t: &T, ino: Ino) -> std::path::PathBuf {
+    t._dir
         .path()
         .join("data")
         .join(format!("{:02x}", ino.0 & 0xff))
-        .join(format!("{:016x}", ino.0));
+        .join(format!("{:016x}", ino.0))
+}
+
+/// The end of the session frees a file unlinked while open even if its
+/// handle was never released (an unmount drops a RELEASE or FORGET still
+/// queued): its records and backing file are gone once `close` returns.
+#[test]
+fn unlinked_open_file_is_freed_when_the_session_ends() {
+    let t = setup(320);
+    let (ino, _h) = open_unlinked(&t, "f");
+    let backing = backing_path(&t, ino);
     assert!(backing.exists());
     t.fs.close().unwrap();
     assert!(t.engine.get(&keys::orphan(ino.0)).unwrap().is_none());
@@ -609,36 +621,14 @@ fn unlinked_open_file_is_freed_when_the_session_ends() {
 #[test]
 fn unlinked_open_file_is_reclaimed_at_next_mount() {
     let t = setup(320);
-    let ino = file(&t, "f");
-    let h =
-        t.fs.open(
-            ino,
-            OpenMode {
-                write: true,
-                truncate: false,
-            },
-        )
-        .unwrap();
-    t.fs.write(h.fh, 0, b"hello").unwrap();
-    t.fs.unlink(Ino::ROOT, b"f").unwrap();
-    // Still readable through the handle.
-    assert_eq!(t.fs.read(h.fh, 0, 5).unwrap(), b"hello");
-    t.fs.sync().unwrap();
-    assert!(t.engine.get(&keys::orphan(ino.0)).unwrap().is_some());
+    let (ino, _h) = open_unlinked(&t, "f");
     // "Crash": mount again without releasing.
     let sb = t.fs.superblock().clone();
     let fs = remount(t._dir.path(), &t.engine, sb);
     fs.sync().unwrap();
     assert!(t.engine.get(&keys::orphan(ino.0)).unwrap().is_none());
     assert!(t.engine.get(&keys::inode(ino.0)).unwrap().is_none());
-    assert!(
-        !t._dir
-            .path()
-            .join("data")
-            .join(format!("{:02x}", ino.0 & 0xff))
-            .join(format!("{:016x}", ino.0))
-            .exists()
-    );
+    assert!(!backing_path(&t, ino).exists());
 }
 
 #[test]
