@@ -66,7 +66,7 @@ impl Fs {
         let key = keys::inode(ino);
         self.store
             .get(&key)?
-            .map(|rec| Inode::decode(&key, &rec).map_err(|e| CoreError::corrupt(&key, e)))
+            .map(|rec| decode_inode(&key, &rec))
             .transpose()
     }
 
@@ -86,8 +86,7 @@ impl Fs {
             let mut found = Vec::with_capacity(recs.len());
             for ((ino, key), rec) in missing.iter().zip(&keys).zip(recs) {
                 if let Some(rec) = rec {
-                    let inode = Inode::decode(key, &rec).map_err(|e| CoreError::corrupt(key, e))?;
-                    found.push((*ino, inode));
+                    found.push((*ino, decode_inode(key, &rec)?));
                 }
             }
             Ok(found)
@@ -228,4 +227,8 @@ impl Fs {
         };
         (st, entry)
     }
+}
+
+fn decode_inode(key: &[u8], rec: &[u8]) -> Result<Inode> {
+    Inode::decode(key, rec).map_err(|e| CoreError::corrupt(key, e))
 }

@@ -302,43 +302,47 @@ impl SafsFuse {
                 .map(|e| e.name != b"." && e.name != b"..")
                 .collect();
             let attrs = self.fs.entry_attrs(&inos, &counted);
-            let (mut full, mut failed, mut unsent) = (false, None, Vec::new());
-            for ((e, a), count) in entries.iter().zip(attrs).zip(counted) {
-                if full || failed.is_some() {
-                    if count && a.is_ok() {
-                        unsent.push(e.ino);
-                    }
-                    continue;
-                }
+            let mut page = entries.iter().zip(attrs).zip(counted);
+            let mut stopped = None;
+            for ((e, a), count) in page.by_ref() {
                 match a {
                     Ok(a) => {
                         let out = self.entry_of(&a).out();
-                        if buf.add_plus(&out, e.cookie.0, dtype(e.kind), &e.name) {
-                            offset = e.cookie;
-                            if count {
-                                sent.push(e.ino);
-                            }
-                        } else {
-                            full = true;
-                            if count {
-                                unsent.push(e.ino);
-                            }
+                        if !buf.add_plus(&out, e.cookie.0, dtype(e.kind), &e.name) {
+                            stopped = Some(Ok(count.then_some(e.ino)));
+                            break;
+                        }
+                        offset = e.cookie;
+                        if count {
+                            sent.push(e.ino);
                         }
                     }
                     // Removed since the listing was read: skipped.
                     Err(CoreError::NotFound) => offset = e.cookie,
-                    Err(err) => failed = Some(err),
+                    Err(err) => {
+                        stopped = Some(Err(err));
+                        break;
+                    }
                 }
             }
-            if let Some(err) = failed {
-                // The reply is the error: nothing is sent.
-                unsent.append(&mut sent);
-                give_back(unsent);
-                return Err(err);
-            }
-            give_back(unsent);
-            if full {
-                return Ok(buf);
+            // Entries read but not sent give their references back.
+            let mut unsent: Vec<Ino> = page
+                .filter(|((_, a), count)| *count && a.is_ok())
+                .map(|((e, _), _)| e.ino)
+                .collect();
+            match stopped {
+                None => give_back(unsent),
+                Some(Ok(full)) => {
+                    unsent.extend(full);
+                    give_back(unsent);
+                    return Ok(buf);
+                }
+                Some(Err(err)) => {
+                    // The reply is the error: nothing is sent.
+                    unsent.append(&mut sent);
+                    give_back(unsent);
+                    return Err(err);
+                }
             }
         }
     }

@@ -170,7 +170,17 @@ fn read_get(
     key: &[u8],
 ) -> Result<Option<Vec<u8>>, MetaError> {
     let rtxn = env.read_txn().map_err(engine_err)?;
-    match db.get(&rtxn, key).map_err(engine_err)? {
+    txn_get(&rtxn, db, key)
+}
+
+/// A point read in an open read transaction, refusing values no record
+/// can have.
+fn txn_get(
+    rtxn: &heed::RoTxn,
+    db: Database<'static, Bytes, Bytes>,
+    key: &[u8],
+) -> Result<Option<Vec<u8>>, MetaError> {
+    match db.get(rtxn, key).map_err(engine_err)? {
         Some(v) if v.len() > MAX_VALUE => Err(corrupt_value(v.len())),
         Some(v) => Ok(Some(v.to_vec())),
         None => Ok(None),
@@ -323,11 +333,7 @@ impl MetaRead for LmdbStore {
         keys.iter()
             .map(|k| {
                 self.tally.get();
-                match self.db.get(&rtxn, k).map_err(engine_err)? {
-                    Some(v) if v.len() > MAX_VALUE => Err(corrupt_value(v.len())),
-                    Some(v) => Ok(Some(v.to_vec())),
-                    None => Ok(None),
-                }
+                txn_get(&rtxn, self.db, k)
             })
             .collect()
     }
