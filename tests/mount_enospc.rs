@@ -61,13 +61,44 @@ impl SmallDisk {
         d
     }
 
+    /// Logging at debug level: the daemon then logs every refused change,
+    /// so its log (in the volume) fills up with the disk, which the daemon
+    /// must survive.
     fn mount(&self) {
-        let (ok, out) = safs(&[
-            "mount",
-            self.vol.to_str().unwrap(),
-            self.mnt.to_str().unwrap(),
-        ]);
+        let out = Command::new(env!("CARGO_BIN_EXE_safs"))
+            .args([
+                "mount",
+                self.vol.to_str().unwrap(),
+                self.mnt.to_str().unwrap(),
+            ])
+            .env("SAFS_LOG", "debug")
+            .output()
+            .unwrap();
+        let (ok, out) = (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        );
         assert!(ok, "{out}");
+    }
+
+    /// What a failure needs to be understood: the disk's files and the
+    /// daemon's log.
+    fn report(&self) -> String {
+        let mut out = String::from("files on the disk under the volume:\n");
+        let mut stack = vec![self.root.join("disk")];
+        while let Some(dir) = stack.pop() {
+            for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let Ok(meta) = e.metadata() else { continue };
+                if meta.is_dir() {
+                    stack.push(e.path());
+                } else {
+                    use std::os::unix::fs::MetadataExt;
+                    out += &format!("  {:>10} {}\n", meta.blocks() * 512, e.path().display());
+                }
+            }
+        }
+        let log = std::fs::read_to_string(self.vol.join("safs.log")).unwrap_or_default();
+        out + "safs.log:\n" + &log
     }
 
     fn unmount(&self) {
@@ -83,6 +114,9 @@ impl SmallDisk {
 
 impl Drop for SmallDisk {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("{}", self.report());
+        }
         if Command::new("mountpoint")
             .arg("-q")
             .arg(&self.mnt)

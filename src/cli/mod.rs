@@ -4,6 +4,7 @@ mod bench;
 mod format;
 mod fsck;
 mod info;
+mod logfile;
 mod man;
 mod mount;
 mod passphrase;

@@ -477,16 +477,11 @@ fn init_logging(to_file: Option<&Path>) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false);
-    let res = match to_file.and_then(|p| {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(p)
-            .ok()
-    }) {
+    let res = match to_file.and_then(|p| super::logfile::LogFile::open(p).ok()) {
         Some(f) => builder
             .with_ansi(false)
-            .with_writer(std::sync::Mutex::new(f))
+            .log_internal_errors(false)
+            .with_writer(f)
             .try_init(),
         None => builder.with_writer(std::io::stderr).try_init(),
     };
