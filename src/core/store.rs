@@ -475,6 +475,20 @@ impl Store {
     /// Applies one operation's writes atomically to the pending batch and
     /// returns its sequence number (for [`Store::wait_durable`]).
     pub fn apply(&self, writes: Vec<Write>) -> u64 {
+        self.apply_with(writes, None)
+    }
+
+    /// [`Store::apply`], then deletes `unlink` once those writes are durable.
+    pub fn apply_then_unlink(&self, writes: Vec<Write>, unlink: Option<PathBuf>) -> u64 {
+        self.apply_with(writes, unlink)
+    }
+
+    /// The path goes into the pending state under the same hold of the
+    /// overlay lock as the writes: the committer takes both at once, so the
+    /// file goes with the batch that frees it. (Pushed after letting go, it
+    /// could miss that batch and wait for a next one that a full disk never
+    /// brings: CI saw a freed file keep its space.)
+    fn apply_with(&self, writes: Vec<Write>, unlink: Option<PathBuf>) -> u64 {
         if self.engine.shared().is_some() && !writes.is_empty() && !self.lease.lock().held {
             // A path that changes metadata without taking the lease: a bug.
             // Its batch will be refused (`MetaError::LeaseLost`), not applied.
@@ -483,6 +497,12 @@ impl Store {
         }
         let mut ov = self.overlay.lock();
         if writes.is_empty() {
+            if let Some(path) = unlink {
+                // No writes of its own: it waits for what is applied
+                // already, which the committer makes durable first.
+                ov.pending_unlinks.push(path);
+                self.work.notify_one();
+            }
             // Nothing to make durable: the newest sequence number covers it.
             return ov.applied_seq;
         }
@@ -501,6 +521,7 @@ impl Store {
             }
             ov.pending_need += bound;
         }
+        ov.pending_unlinks.extend(unlink);
         ov.applied_seq += 1;
         if ov.pending_since.is_none() {
             ov.pending_since = Some(Instant::now());
@@ -758,18 +779,6 @@ impl Store {
         self.done.notify_all();
     }
 
-    /// [`Store::apply`], then deletes `unlink` once those writes are durable.
-    pub fn apply_then_unlink(&self, writes: Vec<Write>, unlink: Option<PathBuf>) -> u64 {
-        let seq = self.apply(writes);
-        if let Some(path) = unlink {
-            // Same batch as the writes: nothing can commit in between
-            // because the committer takes the whole pending state at once,
-            // and a later batch is always safe.
-            self.overlay.lock().pending_unlinks.push(path);
-        }
-        seq
-    }
-
     /// The sequence number of the newest applied operation.
     pub fn applied_seq(&self) -> u64 {
         self.overlay.lock().applied_seq
@@ -843,6 +852,15 @@ impl Store {
                         ov.durable_seq = ov.applied_seq;
                         self.done.notify_all();
                     }
+                    if !ov.pending_unlinks.is_empty() && ov.failure.is_none() {
+                        // Files freed with no writes of their own: what they
+                        // waited for is durable now.
+                        let unlinks = std::mem::take(&mut ov.pending_unlinks);
+                        drop(ov);
+                        remove_freed(&unlinks);
+                        ov = self.overlay.lock();
+                        continue;
+                    }
                     if ov.shutdown {
                         return;
                     }
@@ -891,14 +909,7 @@ impl Store {
                 // overlay lock (every operation needs it, and a batch may
                 // free hundreds), and before the batch counts as durable
                 // (a clean unmount waits for that, then the process ends).
-                for path in &unlinks {
-                    match std::fs::remove_file(path) {
-                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                            tracing::error!(path = %path.display(), error = %e, "cannot remove a freed backing file");
-                        }
-                        _ => {}
-                    }
-                }
+                remove_freed(&unlinks);
             }
 
             ov = self.overlay.lock();
@@ -1003,6 +1014,18 @@ impl Store {
                     ov.held = self.engine.held();
                 }
             }
+        }
+    }
+}
+
+/// Deletes the backing files of freed inodes.
+fn remove_freed(paths: &[PathBuf]) {
+    for path in paths {
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                tracing::error!(path = %path.display(), error = %e, "cannot remove a freed backing file");
+            }
+            _ => {}
         }
     }
 }
@@ -1180,6 +1203,62 @@ mod tests {
         assert_eq!(store.get(b"a").unwrap(), None);
         store.close().unwrap();
         assert_eq!(engine.get(b"a").unwrap(), None);
+    }
+
+    /// Waits up to 5 s for `path` to be gone.
+    fn removed_soon(path: &std::path::Path) -> bool {
+        let start = Instant::now();
+        while path.exists() {
+            if start.elapsed() > Duration::from_secs(5) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        true
+    }
+
+    /// Each file freed with its batch is deleted once that batch commits,
+    /// with no later write to carry it (a full disk brings none), wherever
+    /// the committer's swap falls.
+    #[test]
+    fn freed_files_go_with_their_batch_not_a_later_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Arc::new(MemStore::new());
+        let store = Store::new(engine, Duration::from_micros(1), None);
+        for i in 0..2000u32 {
+            let path = dir.path().join(i.to_string());
+            std::fs::write(&path, b"x").unwrap();
+            store.apply_then_unlink(vec![(i.to_be_bytes().to_vec(), None)], Some(path.clone()));
+            assert!(
+                removed_soon(&path),
+                "free {i}: kept after its batch committed"
+            );
+        }
+        store.close().unwrap();
+    }
+
+    /// A file freed with no writes of its own waits for what was applied
+    /// before it to be durable, then goes without another write.
+    #[test]
+    fn a_freed_file_with_no_writes_waits_for_earlier_ones_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("backing");
+        std::fs::write(&path, b"x").unwrap();
+        let (engine, store) = faulty(64 << 20);
+        engine.failing.store(true, Ordering::SeqCst);
+        store.apply(vec![(b"a".to_vec(), None)]);
+        store.apply_then_unlink(Vec::new(), Some(path.clone()));
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            path.exists(),
+            "deleted before the earlier writes were durable"
+        );
+        engine.failing.store(false, Ordering::SeqCst);
+        assert!(
+            removed_soon(&path),
+            "kept once everything before it was durable"
+        );
+        store.close().unwrap();
     }
 
     fn key(k: u16) -> Vec<u8> {
