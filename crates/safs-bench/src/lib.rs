@@ -386,8 +386,32 @@ fn machine() -> Machine {
         cpu_model,
         cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         mem_total_kib,
+        cpu_idle: cpu_idle(),
         load_before: loadavg(),
         load_after: [0.0; 3],
+    }
+}
+
+/// "driver/governor", and for haltpoll its polling limit, e.g.
+/// "haltpoll/haltpoll, polls 0 ns before halting".
+fn cpu_idle() -> String {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|v| v.trim().to_string())
+    };
+    let base = "/sys/devices/system/cpu/cpuidle";
+    let Some(driver) = read(&format!("{base}/current_driver")) else {
+        return String::new();
+    };
+    let governor = read(&format!("{base}/current_governor_ro"))
+        .or_else(|| read(&format!("{base}/current_governor")))
+        .unwrap_or_default();
+    match read("/sys/module/haltpoll/parameters/guest_halt_poll_ns") {
+        Some(ns) if driver == "haltpoll" => {
+            format!("{driver}/{governor}, polls {ns} ns before halting")
+        }
+        _ => format!("{driver}/{governor}"),
     }
 }
 

@@ -314,6 +314,11 @@ pub struct Machine {
     pub cpu_model: String,
     pub cpus: usize,
     pub mem_total_kib: u64,
+    /// How idle CPUs wait (the cpuidle driver and governor, and for
+    /// `haltpoll` how long they poll before halting): on a VM it decides
+    /// what waking an idle CPU costs, which every FUSE round trip that
+    /// moves between CPUs pays.
+    pub cpu_idle: String,
     /// `/proc/loadavg`'s 1, 5 and 15 minute figures.
     pub load_before: [f64; 3],
     pub load_after: [f64; 3],

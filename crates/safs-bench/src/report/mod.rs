@@ -233,6 +233,9 @@ pub fn markdown(r: &Results) -> String {
         m.mem_total_kib as f64 / (1 << 20) as f64,
         m.hostname
     );
+    if !m.cpu_idle.is_empty() {
+        let _ = writeln!(s, "- idle CPUs: {}", m.cpu_idle);
+    }
     let _ = writeln!(
         s,
         "- load average (1/5/15 min): before {:.2} {:.2} {:.2}, after {:.2} {:.2} {:.2}",

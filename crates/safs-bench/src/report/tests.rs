@@ -186,6 +186,19 @@ fn tables_have_ratios_na_and_requests() {
         "{md}"
     );
     assert!(md.contains("something odd"));
+    // No idle policy known: no line for it.
+    assert!(!md.contains("- idle CPUs:"), "{md}");
+}
+
+#[test]
+fn the_header_says_how_idle_cpus_wait() {
+    let mut r = results();
+    r.machine.cpu_idle = "haltpoll/haltpoll, polls 0 ns before halting".into();
+    let md = markdown(&r);
+    assert!(
+        md.contains("\n- idle CPUs: haltpoll/haltpoll, polls 0 ns before halting\n"),
+        "{md}"
+    );
 }
 
 #[test]
