@@ -11,10 +11,12 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn safs(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_safs"))
-        .args(args)
-        .output()
-        .unwrap();
+    run(Command::new(env!("CARGO_BIN_EXE_safs")).args(args))
+}
+
+/// Whether `cmd` succeeded, and what it printed.
+fn run(cmd: &mut Command) -> (bool, String) {
+    let out = cmd.output().unwrap();
     (
         out.status.success(),
         format!(
@@ -65,19 +67,13 @@ impl SmallDisk {
     /// so its log (in the volume) fills up with the disk, which the daemon
     /// must survive.
     fn mount(&self) {
-        let out = Command::new(env!("CARGO_BIN_EXE_safs"))
+        let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_safs"))
             .args([
                 "mount",
                 self.vol.to_str().unwrap(),
                 self.mnt.to_str().unwrap(),
             ])
-            .env("SAFS_LOG", "debug")
-            .output()
-            .unwrap();
-        let (ok, out) = (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        );
+            .env("SAFS_LOG", "debug"));
         assert!(ok, "{out}");
     }
 
