@@ -611,11 +611,25 @@ fn serve(
     // `destroy` committed the last batch; make sure even if it was not sent.
     let close = fs.close();
     let _ = std::fs::remove_file(safs::control::socket_path_at(volume, mountpoint));
+    let res = res
+        .context("FUSE session failed")
+        .and(close.context("final metadata commit failed"));
+    match &res {
+        Ok(()) => tracing::info!("unmounted"),
+        Err(e) => tracing::error!("unmounted: {e:#}"),
+    }
+    if daemon_child {
+        // The log has the error; the caller's report of it would go to the
+        // log too (our stderr) after the lock is free.
+        if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+            let _ = nix::unistd::dup2_stderr(&null);
+        }
+    }
+    // The daemon's last act on the volume: once the lock is free, a new
+    // mount or anyone comparing the volume's files finds it finished (the
+    // "unmounted" line came after it, and a test saw the log change).
     drop(lock);
-    tracing::info!("unmounted");
-    res.context("FUSE session failed")?;
-    close.context("final metadata commit failed")?;
-    Ok(())
+    res
 }
 
 /// `mount -o remount,...`: the kernel's flags of a live mount (read-only,
