@@ -3,6 +3,8 @@
 //! nothing is changed, and the volume files keep their private modes. Also
 //! `mount -t fuse.safs` through the installed helper.
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
@@ -188,7 +190,7 @@ fn mount_t_fuse_safs_works_through_the_helper() {
         .expect("mounted")
         .to_string();
     std::fs::write(mnt.join("f"), b"hello").unwrap();
-    assert!(Command::new("umount").arg(&mnt).status().unwrap().success());
+    common::umount_once_released(&mnt).assert_success("umount");
     assert!(
         line.contains("fuse.safs") && line.contains("allow_other"),
         "{line}"

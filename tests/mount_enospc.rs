@@ -98,7 +98,7 @@ impl SmallDisk {
     }
 
     fn unmount(&self) {
-        let _ = Command::new("umount").arg(&self.mnt).status();
+        let _ = common::umount_once_released(&self.mnt);
         let start = Instant::now();
         while safs::core::volume::VolumeLock::is_held(&self.vol)
             && start.elapsed() < Duration::from_secs(10)

@@ -146,8 +146,7 @@ fn mount_and_fsck_right_after_umount_wait_for_the_old_daemon() {
     let mut v = TestVolume::new();
     for round in 0..6 {
         write_file(&v.path(format!("f{round}")), b"kept");
-        let out = run_cmd(Command::new("umount").arg(v.mnt()));
-        out.assert_success("umount");
+        umount_once_released(v.mnt()).assert_success("umount");
         v.forget_mounted();
         if round % 2 == 1 {
             safs(["fsck".as_ref(), v.vol().as_os_str()]).assert_success("fsck right after umount");

@@ -54,7 +54,7 @@ impl Mount {
     #[track_caller]
     fn unmount(&mut self) {
         let pid = self.pid();
-        run_cmd(Command::new("umount").arg(&self.mnt)).assert_success("umount");
+        umount_once_released(&self.mnt).assert_success("umount");
         self.mounted = false;
         assert!(
             wait_until(Duration::from_secs(60), || !process_alive(pid)),
@@ -107,7 +107,7 @@ impl Two {
     #[track_caller]
     fn unmount_and_fsck(&mut self) {
         for m in [&mut self.a, &mut self.b] {
-            run_cmd(Command::new("umount").arg(&m.mnt)).assert_success("umount");
+            umount_once_released(&m.mnt).assert_success("umount");
             m.mounted = false;
         }
         let out = safs(["fsck", self.v.vol().to_str().unwrap()]);

@@ -124,6 +124,21 @@ pub fn run_cmd(cmd: &mut Command) -> CmdOutput {
     run_cmd_timeout(cmd, COMMAND_TIMEOUT)
 }
 
+/// `umount mnt`, tried again for up to 5 s while the kernel says the mount
+/// is busy: a closed file's RELEASE goes to the daemon in the background
+/// and keeps the mount busy until it is answered.
+#[track_caller]
+pub fn umount_once_released(mnt: &Path) -> CmdOutput {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let out = run_cmd(Command::new("umount").arg(mnt));
+        if out.success() || !out.stderr.contains("busy") || Instant::now() >= deadline {
+            return out;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[track_caller]
 pub fn run_cmd_timeout(cmd: &mut Command, timeout: Duration) -> CmdOutput {
     let mut out = tempfile::tempfile().expect("temp file for stdout");
