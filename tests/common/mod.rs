@@ -125,8 +125,8 @@ pub fn run_cmd(cmd: &mut Command) -> CmdOutput {
 }
 
 /// `umount mnt`, tried again for up to 5 s while the kernel says the mount
-/// is busy: a closed file's RELEASE goes to the daemon in the background
-/// and keeps the mount busy until it is answered.
+/// is busy: right after a file on it is closed it sometimes still is (its
+/// RELEASE goes to the daemon in the background), as `try_unmount` found.
 #[track_caller]
 pub fn umount_once_released(mnt: &Path) -> CmdOutput {
     let deadline = Instant::now() + Duration::from_secs(5);
