@@ -266,6 +266,11 @@ pub struct TargetInfo {
     pub dir: String,
     pub fstype: String,
     pub mount_source: String,
+    /// The filesystem's options as the kernel shows them (super options in
+    /// `/proc/self/mountinfo`): for a FUSE target, whether the kernel
+    /// checks permissions (`default_permissions`) — a FUSE peer that does
+    /// is asked for its parent's attributes after every change, as safs is.
+    pub mount_options: String,
     /// What `--setup` made it as ("encrypted volume, dircache=0").
     #[serde(skip_serializing_if = "Option::is_none")]
     pub about: Option<String>,

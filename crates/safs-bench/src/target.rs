@@ -158,6 +158,7 @@ impl Target {
             dir: self.dir.display().to_string(),
             fstype: self.mount.fstype.clone(),
             mount_source: self.mount.source.display().to_string(),
+            mount_options: self.mount.super_opts.clone(),
             about: self.about.clone(),
             safs_volume: self.safs.as_ref().map(|s| s.volume.display().to_string()),
             inline_bytes: stats.as_ref().map(|r| r.inline_bytes).filter(|b| *b > 0),

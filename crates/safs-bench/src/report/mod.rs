@@ -275,9 +275,9 @@ pub fn markdown(r: &Results) -> String {
     }
     let _ = writeln!(
         s,
-        "\n| target | directory | filesystem | cold phases | made cold | wall time per test |"
+        "\n| target | directory | filesystem | mount options | cold phases | made cold | wall time per test |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
     for t in &r.targets {
         let dircache = t.dircache_budget_bytes.map(|b| match b {
             0 => "directory cache off".to_string(),
@@ -306,10 +306,11 @@ pub fn markdown(r: &Results) -> String {
             .collect();
         let _ = writeln!(
             s,
-            "| {} | `{}` | {} | {} | {} times, {:.0} s | {} |",
+            "| {} | `{}` | {} | `{}` | {} | {} times, {:.0} s | {} |",
             t.label,
             t.dir,
             fs,
+            t.mount_options,
             t.cold,
             t.cold_count,
             t.cold_secs,

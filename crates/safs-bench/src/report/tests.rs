@@ -14,6 +14,7 @@ fn target(label: &str, safs: bool) -> TargetInfo {
             label.into()
         },
         mount_source: String::new(),
+        mount_options: "rw".into(),
         about: None,
         safs_volume: safs.then(|| "/vol".into()),
         inline_bytes: safs.then_some(320),
@@ -197,6 +198,27 @@ fn the_header_says_how_idle_cpus_wait() {
     let md = markdown(&r);
     assert!(
         md.contains("\n- idle CPUs: haltpoll/haltpoll, polls 0 ns before halting\n"),
+        "{md}"
+    );
+}
+
+#[test]
+fn the_targets_table_shows_each_mounts_options() {
+    // Whether a FUSE peer has the kernel check permissions decides how many
+    // round trips its changes cost: the table must say it.
+    let mut r = results();
+    r.targets[0].mount_options = "rw,user_id=0,group_id=0,default_permissions,allow_other".into();
+    let md = markdown(&r);
+    let row = md
+        .lines()
+        .find(|l| l.starts_with("| safs | `/mnt/safs` |"))
+        .unwrap_or_else(|| panic!("no row for safs: {md}"));
+    assert!(
+        row.contains("| `rw,user_id=0,group_id=0,default_permissions,allow_other` |"),
+        "{row}"
+    );
+    assert!(
+        md.contains("| filesystem | mount options | cold phases |"),
         "{md}"
     );
 }
