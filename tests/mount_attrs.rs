@@ -333,13 +333,22 @@ fn write_by_other_user_clears_setid_bits_passthrough() {
     write_by_other_user_clears_setid(&["passthrough"]);
 }
 
-/// Writes through the daemon do not ask for `security.capability` first
-/// (under FUSE_HANDLE_KILLPRIV_V2 the kernel marks a checked inode
-/// S_NOSEC), and a file that has the capability xattr still loses it to a
-/// write by another user, as on ext4.
+/// Writes do not ask for `security.capability` first (under
+/// FUSE_HANDLE_KILLPRIV_V2 the kernel marks a checked inode S_NOSEC) —
+/// through the daemon or through passthrough — and a file that has the
+/// capability xattr still loses it to a write by another user, as on ext4.
 #[test]
 fn writes_through_the_daemon_ask_for_no_capability_xattr() {
-    let v = TestVolume::with_options(&["allow_other", "nopassthrough"]);
+    writes_ask_for_no_capability_xattr("nopassthrough");
+}
+
+#[test]
+fn writes_through_passthrough_ask_for_no_capability_xattr() {
+    writes_ask_for_no_capability_xattr("passthrough");
+}
+
+fn writes_ask_for_no_capability_xattr(data_path: &str) {
+    let v = TestVolume::with_options(&["allow_other", data_path]);
     let f = v.path("f");
     write_file(&f, b"");
     let before = served(&v, "getxattr");
@@ -374,6 +383,143 @@ fn writes_through_the_daemon_ask_for_no_capability_xattr() {
         Errno::ENODATA,
         "a write by another user removes the file capability"
     );
+}
+
+/// A process holding a file open for writing, as another user.
+struct HeldWriter(std::process::Child);
+
+impl HeldWriter {
+    /// `user` opens `path` for appending and waits (the open is done when
+    /// this returns).
+    fn open(user: &TestUser, path: &Path) -> HeldWriter {
+        use nix::unistd::{Gid, Uid};
+        use std::io::BufRead;
+        use std::os::unix::process::CommandExt;
+        let (uid, gid) = (Uid::from_raw(user.uid), Gid::from_raw(user.gid));
+        let groups: Vec<Gid> = user.groups.iter().map(|g| Gid::from_raw(*g)).collect();
+        let mut cmd = std::process::Command::new("sh");
+        cmd.arg("-c")
+            .arg(r#"exec 3>>"$0" && echo ready && read x && echo "$x" >&3"#)
+            .arg(path)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        // SAFETY: only the credential calls run between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                nix::unistd::setgroups(&groups)?;
+                nix::unistd::setresgid(gid, gid, gid)?;
+                nix::unistd::setresuid(uid, uid, uid)?;
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().expect("sh");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(
+            line,
+            "ready\n",
+            "{} could not open {}",
+            user.name,
+            path.display()
+        );
+        HeldWriter(child)
+    }
+
+    /// Writes `line` through the held descriptor, closes it and waits.
+    fn write_and_close(mut self, line: &str) {
+        let mut stdin = self.0.stdin.take().unwrap();
+        writeln!(stdin, "{line}").unwrap();
+        drop(stdin);
+        assert!(self.0.wait().unwrap().success());
+    }
+}
+
+impl Drop for HeldWriter {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Under passthrough a write never reaches the daemon, so set-id bits are
+/// cleared when a user without CAP_FSETID opens the file for writing (what
+/// their first write would clear); through the daemon, at the write, as
+/// on ext4.
+#[test]
+fn opening_for_writing_clears_setid_bits_under_passthrough_only() {
+    let v = TestVolume::with_options(&["allow_other", "passthrough"]);
+    let u = users();
+    let f = v.path("f");
+    write_file(&f, b"x");
+    chmod(&f, 0o6777);
+    let held = HeldWriter::open(&u.u1, &f);
+    assert_eq!(perm(&f), 0o777, "the open by u1 clears them");
+    held.write_and_close("u1");
+    assert_eq!(read_file(&f), b"xu1\n");
+    // Set-group-ID without group execute is no privilege: u1 is not in
+    // root's group, so it goes; for root's open (CAP_FSETID) nothing goes.
+    chmod(&f, 0o2766);
+    drop(HeldWriter::open(&u.u1, &f));
+    assert_eq!(perm(&f), 0o766);
+    chmod(&f, 0o6777);
+    drop(OpenOptions::new().append(true).open(&f).unwrap());
+    assert_eq!(perm(&f), 0o6777, "root's open keeps them");
+
+    let v = TestVolume::with_options(&["allow_other", "nopassthrough"]);
+    let f = v.path("f");
+    write_file(&f, b"x");
+    chmod(&f, 0o6777);
+    let held = HeldWriter::open(&u.u1, &f);
+    assert_eq!(perm(&f), 0o6777, "through the daemon the open keeps them");
+    held.write_and_close("u1");
+    assert_eq!(perm(&f), 0o777, "and the write clears them");
+}
+
+/// A chmod that sets set-id bits on a file another process holds open for
+/// writing keeps none under passthrough (that process's writes could not
+/// clear them); the caller's own open files do not count (`cp -p`,
+/// `install`), and once the other writer is gone the bits stay.
+#[test]
+fn setid_bits_set_while_another_process_writes_do_not_stay_under_passthrough() {
+    let v = TestVolume::with_options(&["allow_other", "passthrough"]);
+    let u = users();
+    let f = v.path("f");
+    write_file(&f, b"x");
+    chmod(&f, 0o666);
+    let held = HeldWriter::open(&u.u1, &f);
+    for (set, kept) in [(0o4777, 0o777), (0o2777, 0o777), (0o6755, 0o755)] {
+        chmod(&f, set);
+        assert_eq!(perm(&f), kept, "chmod {set:o} with u1 writing");
+    }
+    // Set-group-ID without group execute marks locking, not a privilege.
+    chmod(&f, 0o2766);
+    assert_eq!(perm(&f), 0o2766);
+    held.write_and_close("u1");
+    chmod(&f, 0o6777);
+    assert_eq!(perm(&f), 0o6777, "no other writer: kept");
+
+    // The caller's own writable descriptor does not count.
+    chmod(&f, 0o644);
+    let mut own = OpenOptions::new().append(true).open(&f).unwrap();
+    own.write_all(b"root\n").unwrap();
+    chmod(&f, 0o4755);
+    own.write_all(b"more\n").unwrap();
+    drop(own);
+    assert_eq!(perm(&f), 0o4755);
+
+    // Through the daemon the bits are set, and the writer's write clears
+    // them, as on ext4.
+    let v = TestVolume::with_options(&["allow_other", "nopassthrough"]);
+    let f = v.path("f");
+    write_file(&f, b"x");
+    chmod(&f, 0o666);
+    let held = HeldWriter::open(&u.u1, &f);
+    chmod(&f, 0o4777);
+    assert_eq!(perm(&f), 0o4777);
+    held.write_and_close("u1");
+    assert_eq!(perm(&f), 0o777);
 }
 
 /// xfstests generic/683, 684, 685: fallocate, punching a hole and zeroing

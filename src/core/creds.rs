@@ -26,6 +26,8 @@ pub struct Ctx {
 struct Status {
     cap_eff: u64,
     groups: Vec<u32>,
+    /// The thread's process (thread group); 0 when unknown.
+    tgid: u32,
 }
 
 pub const CAP_FSETID: u32 = 4;
@@ -59,6 +61,7 @@ impl Ctx {
                 return Status {
                     cap_eff: u64::MAX,
                     groups: Vec::new(),
+                    tgid: 0,
                 };
             }
             let text =
@@ -74,6 +77,7 @@ impl Ctx {
                     .split_whitespace()
                     .filter_map(|g| g.parse().ok())
                     .collect(),
+                tgid: field("Tgid:").parse().unwrap_or(0),
             }
         })
     }
@@ -81,6 +85,12 @@ impl Ctx {
     /// Whether the caller's effective capability set holds `cap`.
     pub fn has_cap(&self, cap: u32) -> bool {
         self.status().cap_eff & (1 << cap) != 0
+    }
+
+    /// The caller's process: FUSE names the calling thread, and threads of
+    /// one process share their files. `None` once the thread has exited.
+    pub fn process(&self) -> Option<u32> {
+        Some(self.status().tgid).filter(|&t| t != 0)
     }
 
     /// Whether `gid` is the caller's fsgid or one of its supplementary groups.
@@ -104,6 +114,19 @@ mod tests {
         // Root in the test environment: every capability.
         assert_eq!(me.has_cap(CAP_FSETID), nix::unistd::geteuid().is_root());
         assert!(me.in_group(nix::unistd::getegid().as_raw()));
+        assert_eq!(me.process(), Some(std::process::id()));
+        // Another thread of this process names this process too.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            tx.send(nix::unistd::gettid().as_raw() as u32).unwrap();
+            let _ = done_rx.recv();
+        });
+        let tid = rx.recv().unwrap();
+        assert_ne!(tid, std::process::id());
+        assert_eq!(Ctx::new(0, 0, tid).process(), Some(std::process::id()));
+        done_tx.send(()).unwrap();
+        t.join().unwrap();
         assert!(Ctx::root().has_cap(CAP_SYS_ADMIN));
     }
 }

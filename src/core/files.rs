@@ -34,6 +34,8 @@ pub struct Handle {
     pub fh: Fh,
     pub ino: Ino,
     pub writable: bool,
+    /// The thread that opened it (the request's pid; 0: the kernel).
+    pub opener: u32,
     /// The backing file (also what passthrough hands to the kernel).
     pub file: Arc<File>,
 }
@@ -55,7 +57,7 @@ impl Fs {
         } else {
             None
         };
-        if mode.truncate {
+        if mode.truncate || (mode.write && self.setid_at_open()) {
             self.load_creds_for_set_ids(ctx, ino);
         }
         let h = self.open_locked(ctx, ino, mode)?;
@@ -85,9 +87,49 @@ impl Fs {
             inode.ctime = now;
             inode.mode &= !kill_set_ids(ctx, inode.mode, inode.gid);
             self.put_inode(&mut st, &mut w, ino, inode);
+        } else if mode.write && self.setid_at_open() {
+            // Its writes will not reach the daemon: the bits such a write
+            // would clear go now (the kernel's attributes are invalidated
+            // by the adapter on every writable open under passthrough).
+            let kill = kill_set_ids(ctx, inode.mode, inode.gid);
+            if kill != 0 {
+                inode.mode &= !kill;
+                inode.ctime = Timestamp::now();
+                self.put_inode(&mut st, &mut w, ino, inode);
+            }
         }
         self.commit(w)?;
-        Ok(self.register_handle(&mut st, ino, Arc::new(file), mode.write))
+        Ok(self.register_handle(&mut st, ino, Arc::new(file), mode.write, ctx.pid))
+    }
+
+    /// Turns on clearing set-id bits at a writer's open (see the field).
+    pub fn clear_setid_at_open(&self, on: bool) {
+        self.setid_at_open.store(on, Ordering::Relaxed);
+    }
+
+    pub(super) fn setid_at_open(&self) -> bool {
+        self.setid_at_open.load(Ordering::Relaxed)
+    }
+
+    /// Whether `ino` is open for writing by a process other than `ctx`'s
+    /// (or by one that can no longer be told: its thread has exited).
+    /// Reads `/proc` under the state lock: only asked when set-id bits are
+    /// being set on a file open for writing.
+    pub(super) fn written_by_another_process(&self, st: &State, ctx: &Ctx, ino: u64) -> bool {
+        if st.writer_backing(ino).is_none() {
+            return false;
+        }
+        let me = ctx.process();
+        let openers: Vec<u32> = self
+            .handles
+            .lock()
+            .values()
+            .filter(|h| h.ino.0 == ino && h.writable)
+            .map(|h| h.opener)
+            .collect();
+        openers
+            .into_iter()
+            .any(|t| me.is_none() || Ctx::new(0, 0, t).process() != me)
     }
 
     /// Registers a handle of `ino` open on its backing `file`.
@@ -97,6 +139,7 @@ impl Fs {
         ino: u64,
         file: Arc<File>,
         write: bool,
+        opener: u32,
     ) -> Arc<Handle> {
         if st.open_handle(ino, &file, write) {
             // Reads made while nobody had it open (through a mapping kept
@@ -108,6 +151,7 @@ impl Fs {
             fh,
             ino: Ino(ino),
             writable: write,
+            opener,
             file,
         });
         self.handles.lock().insert(fh, Arc::clone(&h));

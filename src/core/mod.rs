@@ -218,6 +218,10 @@ pub struct Fs {
     /// The mount's atime rules; a remount changes them.
     atime: Mutex<Atime>,
     closed: std::sync::atomic::AtomicBool,
+    /// Writes bypass the daemon (FUSE passthrough) and the kernel leaves
+    /// clearing set-id bits to it (FUSE_HANDLE_KILLPRIV_V2): a writer's
+    /// open clears them instead (see `files.rs`).
+    setid_at_open: std::sync::atomic::AtomicBool,
     /// Shared volumes: where kernel invalidations go (see `shared`).
     kernel: std::sync::OnceLock<KernelInval>,
 }
@@ -296,6 +300,7 @@ impl Fs {
             next_fh: AtomicU64::new(1),
             atime: Mutex::new(atime),
             closed: std::sync::atomic::AtomicBool::new(false),
+            setid_at_open: std::sync::atomic::AtomicBool::new(false),
             kernel: std::sync::OnceLock::new(),
         };
         fs.recover()?;

@@ -319,7 +319,6 @@ impl Fs {
     pub fn setattr(&self, ctx: &Ctx, ino: Ino, set: &SetAttr) -> Result<Attr> {
         let ino = ino.0;
         let _space = self.writable()?;
-        let _ = ctx;
         let mut st = self.state.lock();
         let mut inode = self.inode(&mut st, ino)?;
         let now = Timestamp::now();
@@ -367,6 +366,19 @@ impl Fs {
             inode.gid = gid;
         }
         if set.kill_setid {
+            inode.mode = setid_killed(inode.mode);
+        }
+        // Set-id bits set on a file another process holds open for writing
+        // through passthrough: that process's later writes could not clear
+        // them, so they are not kept (as a chmod by a caller outside the
+        // group keeps no set-group-ID bit). The caller's own open handles
+        // do not count: `cp -p`, `install` and package managers set modes
+        // on the file they are writing.
+        if set.mode.is_some()
+            && self.setid_at_open()
+            && setid_killed(inode.mode) != inode.mode
+            && self.written_by_another_process(&st, ctx, ino)
+        {
             inode.mode = setid_killed(inode.mode);
         }
         let stamp = |t: TimeSet| match t {
@@ -608,7 +620,9 @@ impl Fs {
             st.set_spill(ino, spill);
         }
         let handle = match (open, file) {
-            (Some(mode), Some(file)) => Some(self.register_handle(&mut st, ino, file, mode.write)),
+            (Some(mode), Some(file)) => {
+                Some(self.register_handle(&mut st, ino, file, mode.write, ctx.pid))
+            }
             _ => None,
         };
         let attr = self.attr_locked(&mut st, ino)?;

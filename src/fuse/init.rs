@@ -117,14 +117,20 @@ impl SafsFuse {
                 );
             }
         }
-        // File data through the daemon: let it clear set-id bits on writes
-        // and truncates itself (the kernel then marks inodes S_NOSEC, and a
-        // write no longer costs a GETXATTR of security.capability first).
-        // Not with passthrough: those writes never reach the daemon, and
-        // the kernel would leave the bits to it.
-        if flags & abi::FUSE_PASSTHROUGH == 0 && offered & abi::FUSE_HANDLE_KILLPRIV_V2 != 0 {
+        // safs clears set-id bits itself (the kernel then marks the
+        // superblock SB_NOSEC: once a file is seen to carry no set-id bits
+        // and no security.capability, its writes stop costing a GETXATTR
+        // round trip each). Through the daemon it clears them on a WRITE,
+        // as the kernel would; under passthrough writes never reach it, so
+        // a writer's open clears what its writes would, and a chmod does
+        // not set them while another process holds the file for writing
+        // (core::files). Not on a shared volume: another mount's changes
+        // could not clear the flag the kernel keeps on an inode.
+        let passthrough = flags & abi::FUSE_PASSTHROUGH != 0;
+        if offered & abi::FUSE_HANDLE_KILLPRIV_V2 != 0 && !(passthrough && self.fs.is_shared()) {
             flags |= abi::FUSE_HANDLE_KILLPRIV_V2;
             self.killpriv.store(true, Ordering::Relaxed);
+            self.fs.clear_setid_at_open(passthrough);
         }
         let uring = match self.transport {
             Transport::Dev => false,
