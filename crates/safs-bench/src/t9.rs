@@ -8,6 +8,11 @@
 //! - `read cold`: after making the target cold (drop_caches; safs and
 //!   set-up gocryptfs remounted), read it front to back in 1 MiB
 //!   `read(2)`s, the kernel's readahead on. Best of `--reps`.
+//! - `4 KiB writes`: 20,000 `write(2)`s of 4 KiB appending to a new file
+//!   (80 MiB, page cache, no fsync), µs per write. Best of `--reps`. What
+//!   an application writing in small pieces pays per call: on FUSE, any
+//!   request the kernel sends per write (e.g. asking for
+//!   `security.capability` before each one) shows here.
 //! - `random 4 KiB read cold`: after making the target cold, `pread` 4 KiB
 //!   at block-aligned offsets, each block once, in a fixed shuffled order
 //!   (a sample of under a tenth of the blocks), with `POSIX_FADV_RANDOM`
@@ -33,6 +38,10 @@ use super::{Ctx, Fail, PhaseSpec, Step, Timed, prepared, skipped};
 pub const WRITE: &str = "write (fsync)";
 pub const READ: &str = "read cold";
 pub const RANDOM: &str = "random 4 KiB read cold";
+pub const SMALL: &str = "4 KiB writes";
+
+/// Writes in the small-writes row.
+const SMALL_WRITES: usize = 20_000;
 
 const BLOCK: u64 = 4096;
 
@@ -78,10 +87,12 @@ pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
     let mut write = s.row(WRITE, None, Unit::MbPerSec);
     let mut read = s.row(READ, None, Unit::MbPerSec);
     let mut random = s.row(RANDOM, None, Unit::Iops);
+    let mut small = s.row(SMALL, Some(SMALL_WRITES as u64), Unit::UsPerOp);
     let file = cpath(&s.dir.join("big"));
+    let small_file = cpath(&s.dir.join("small"));
     let ready = prepared(
         ops::mkdirs(s.dir),
-        &mut [&mut write, &mut read, &mut random],
+        &mut [&mut write, &mut read, &mut random, &mut small],
     )?;
     if ready.is_some() {
         let mut rng = Rng(SEED);
@@ -131,9 +142,33 @@ pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
             skipped(&mut read, &write);
             skipped(&mut random, &write);
         }
+        let l = s.label(&format!("{SMALL_WRITES} writes of 4 KiB"));
+        let spec = PhaseSpec::new(&l, SMALL_WRITES as u64, reps, false);
+        let block = &data[..BLOCK as usize];
+        ctx.phase(t, &mut small, spec, |ctx| {
+            small_writes(ctx, &small_file, block)
+        })?;
     }
-    s.done([write, read, random]);
+    s.done([write, read, random, small]);
     Ok(())
+}
+
+/// `SMALL_WRITES` appends of `block` to a new `file`, then removes it
+/// (outside the time).
+fn small_writes(ctx: &Ctx<'_>, file: &std::ffi::CStr, block: &[u8]) -> Result<Timed, Fail> {
+    let fd = ops::create(file).map_err(|e| na(e, "create", 0, 1))?;
+    let start = Instant::now();
+    for i in 0..SMALL_WRITES {
+        ctx.tick(i)?;
+        let w = rustix::io::write(&fd, block).map_err(|e| na(e, "write", i, SMALL_WRITES))?;
+        if w != block.len() {
+            return Err(Fail::Na(format!("short write ({w} bytes) at {}", i + 1)));
+        }
+    }
+    let elapsed = start.elapsed();
+    drop(fd);
+    rustix::fs::unlink(file).map_err(|e| na(e, "unlink", 0, 1))?;
+    Ok(Timed::of(elapsed))
 }
 
 fn open(file: &std::ffi::CStr) -> Result<std::os::fd::OwnedFd, Fail> {

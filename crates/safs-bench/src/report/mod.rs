@@ -518,8 +518,10 @@ fn sizes_line(test: Test, z: &crate::config::Sizes) -> String {
              a different block in a fixed shuffled order, after making the target cold, with \
              the file's readahead off (POSIX_FADV_RANDOM): buffered reads that miss the page \
              cache, not O_DIRECT; what the filesystem does underneath (a FUSE daemon's reads \
-             of its backing file, safs' passthrough) is part of the figure. MB/s are 10^6 \
-             bytes/s; req/op is per MiB for the sequential rows, per read for the random one.",
+             of its backing file, safs' passthrough) is part of the figure. Last, 20,000 \
+             writes of 4 KiB appended to a new file (page cache, no fsync), µs per write. \
+             MB/s are 10^6 bytes/s; req/op is per MiB for the sequential rows, per read or \
+             write for the others.",
             z.t9_file_bytes >> 20,
             z.t9_random_reads
         ),

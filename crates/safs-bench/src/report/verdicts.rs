@@ -311,6 +311,9 @@ pub fn checks(r: &Results) -> Vec<Check> {
                     if let Some((_, txt)) = max_trips(&tb, crate::t9::RANDOM) {
                         add("T9: requests per random 4 KiB read", txt, Verdict::Info);
                     }
+                    if let Some((_, txt)) = max_trips(&tb, crate::t9::SMALL) {
+                        add("T9: requests per 4 KiB write", txt, Verdict::Info);
+                    }
                 }
                 Test::T6 | Test::T7 => {
                     let case = if test == Test::T6 {
