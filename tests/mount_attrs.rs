@@ -522,6 +522,82 @@ fn setid_bits_set_while_another_process_writes_do_not_stay_under_passthrough() {
     assert_eq!(perm(&f), 0o777);
 }
 
+/// A safs daemon started in a PID namespace of its own (`unshare -p`), so
+/// that this test's processes are invisible to it: FUSE names them pid 0.
+struct DaemonInOwnPidNs {
+    daemon: std::process::Child,
+    mnt: std::path::PathBuf,
+}
+
+impl Drop for DaemonInOwnPidNs {
+    fn drop(&mut self) {
+        if is_fuse_mounted(&self.mnt) {
+            let _ = umount_once_released(&self.mnt);
+        }
+        if self.daemon.try_wait().ok().flatten().is_none() {
+            // Unmounted, it exits; a daemon that did not gets no second chance.
+            if !wait_until(Duration::from_secs(5), || {
+                self.daemon.try_wait().ok().flatten().is_some()
+            }) {
+                let _ = self.daemon.kill();
+            }
+        }
+        let _ = self.daemon.wait();
+    }
+}
+
+/// Under passthrough a writer's open clears set-id bits unless it has
+/// CAP_FSETID; a writer whose process the daemon cannot see (outside the
+/// PID namespace it was mounted in) cannot show it has, so the bits go,
+/// even for root.
+#[test]
+fn a_writer_the_daemon_cannot_see_counts_as_unprivileged() {
+    let v = TestVolume::formatted(&[]);
+    let mnt = v.mnt().to_path_buf();
+    let mut held = DaemonInOwnPidNs {
+        daemon: std::process::Command::new("unshare")
+            .args(["--pid", "--fork", SAFS, "mount", "--foreground"])
+            .args(["-o", "allow_other,passthrough"])
+            .arg(v.vol())
+            .arg(&mnt)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("unshare"),
+        mnt: mnt.clone(),
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || is_fuse_mounted(&mnt)),
+        "the daemon in its own PID namespace did not mount (exit: {:?})",
+        held.daemon.try_wait()
+    );
+    let u = users();
+    let f = mnt.join("f");
+    write_file(&f, b"x");
+    chmod(&f, 0o6777);
+    as_user(&u.u1, || {
+        let mut f = OpenOptions::new().append(true).open(&f).errno()?;
+        f.write_all(b"u1").errno()
+    })
+    .unwrap();
+    assert_eq!(perm(&f), 0o777, "u1's write clears them");
+    chmod(&f, 0o6777);
+    OpenOptions::new()
+        .append(true)
+        .open(&f)
+        .unwrap()
+        .write_all(b"root")
+        .unwrap();
+    assert_eq!(
+        perm(&f),
+        0o777,
+        "root unseen: its capabilities cannot be read"
+    );
+    assert_eq!(read_file(&f), b"xu1root");
+    drop(held);
+    assert!(!is_fuse_mounted(&mnt));
+}
+
 /// xfstests generic/683, 684, 685: fallocate, punching a hole and zeroing
 /// a range by a user without CAP_FSETID clear set-user-ID, and
 /// set-group-ID when the file is group-executable or the user is not in

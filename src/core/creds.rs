@@ -48,6 +48,17 @@ impl Ctx {
         Ctx::new(0, 0, 0)
     }
 
+    /// A caller whose process the daemon cannot see: FUSE names it pid 0
+    /// when it is outside the PID namespace the mount was made in. Its
+    /// capabilities and groups cannot be read, so none are assumed (a
+    /// rule that keeps set-id bits for a privileged writer must not keep
+    /// them for an unknown one).
+    pub fn unseen(uid: u32, gid: u32) -> Self {
+        let c = Ctx::new(uid, gid, 0);
+        let _ = c.status.set(Status::default());
+        c
+    }
+
     /// Reads the caller's capabilities and groups now, before a lock is
     /// taken (see the module comment). Cheap when already read.
     pub fn load(&self) {
@@ -128,5 +139,9 @@ mod tests {
         done_tx.send(()).unwrap();
         t.join().unwrap();
         assert!(Ctx::root().has_cap(CAP_SYS_ADMIN));
+        let unseen = Ctx::unseen(0, 0);
+        assert!(!unseen.has_cap(CAP_FSETID));
+        assert_eq!(unseen.process(), None);
+        assert!(unseen.in_group(0) && !unseen.in_group(1));
     }
 }

@@ -70,7 +70,14 @@ pub enum Transport {
 }
 
 fn ctx(h: &Header) -> Ctx {
-    Ctx::new(h.uid, h.gid, h.pid)
+    // Pid 0 with a request that carries credentials: a caller outside the
+    // mount's PID namespace (requests sent without credentials, such as
+    // RELEASE, use none).
+    if h.pid == 0 {
+        Ctx::unseen(h.uid, h.gid)
+    } else {
+        Ctx::new(h.uid, h.gid, h.pid)
+    }
 }
 
 pub struct SafsFuse {
