@@ -443,17 +443,24 @@ impl Drop for HeldWriter {
     }
 }
 
+/// A fresh volume mounted `allow_other` and `data_path`, holding file `f`
+/// (one byte) with mode `mode`.
+fn volume_with_file(data_path: &str, mode: u32) -> (TestVolume, std::path::PathBuf) {
+    let v = TestVolume::with_options(&["allow_other", data_path]);
+    let f = v.path("f");
+    write_file(&f, b"x");
+    chmod(&f, mode);
+    (v, f)
+}
+
 /// Under passthrough a write never reaches the daemon, so set-id bits are
 /// cleared when a user without CAP_FSETID opens the file for writing (what
 /// their first write would clear); through the daemon, at the write, as
 /// on ext4.
 #[test]
 fn opening_for_writing_clears_setid_bits_under_passthrough_only() {
-    let v = TestVolume::with_options(&["allow_other", "passthrough"]);
     let u = users();
-    let f = v.path("f");
-    write_file(&f, b"x");
-    chmod(&f, 0o6777);
+    let (_v, f) = volume_with_file("passthrough", 0o6777);
     let held = HeldWriter::open(&u.u1, &f);
     assert_eq!(perm(&f), 0o777, "the open by u1 clears them");
     held.write_and_close("u1");
@@ -467,10 +474,7 @@ fn opening_for_writing_clears_setid_bits_under_passthrough_only() {
     drop(OpenOptions::new().append(true).open(&f).unwrap());
     assert_eq!(perm(&f), 0o6777, "root's open keeps them");
 
-    let v = TestVolume::with_options(&["allow_other", "nopassthrough"]);
-    let f = v.path("f");
-    write_file(&f, b"x");
-    chmod(&f, 0o6777);
+    let (_v, f) = volume_with_file("nopassthrough", 0o6777);
     let held = HeldWriter::open(&u.u1, &f);
     assert_eq!(perm(&f), 0o6777, "through the daemon the open keeps them");
     held.write_and_close("u1");
@@ -483,11 +487,8 @@ fn opening_for_writing_clears_setid_bits_under_passthrough_only() {
 /// `install`), and once the other writer is gone the bits stay.
 #[test]
 fn setid_bits_set_while_another_process_writes_do_not_stay_under_passthrough() {
-    let v = TestVolume::with_options(&["allow_other", "passthrough"]);
     let u = users();
-    let f = v.path("f");
-    write_file(&f, b"x");
-    chmod(&f, 0o666);
+    let (_v, f) = volume_with_file("passthrough", 0o666);
     let held = HeldWriter::open(&u.u1, &f);
     for (set, kept) in [(0o4777, 0o777), (0o2777, 0o777), (0o6755, 0o755)] {
         chmod(&f, set);
@@ -511,10 +512,7 @@ fn setid_bits_set_while_another_process_writes_do_not_stay_under_passthrough() {
 
     // Through the daemon the bits are set, and the writer's write clears
     // them, as on ext4.
-    let v = TestVolume::with_options(&["allow_other", "nopassthrough"]);
-    let f = v.path("f");
-    write_file(&f, b"x");
-    chmod(&f, 0o666);
+    let (_v, f) = volume_with_file("nopassthrough", 0o666);
     let held = HeldWriter::open(&u.u1, &f);
     chmod(&f, 0o4777);
     assert_eq!(perm(&f), 0o4777);
