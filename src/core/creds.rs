@@ -1,7 +1,9 @@
 //! What the kernel does not put in a FUSE request header: the caller's
-//! supplementary groups and capabilities, read from `/proc/<pid>/status`.
-//! Needed for the few rules the daemon applies itself (set-group-ID
-//! inheritance and clearing, listing `trusted.*` names).
+//! supplementary groups, capabilities and process, read from
+//! `/proc/<pid>/status`. Needed for the few rules the daemon applies itself
+//! (set-group-ID inheritance, clearing set-id bits — under passthrough also
+//! at a writer's open and against another process's writers — and listing
+//! `trusted.*` names).
 //!
 //! Reading `/proc` costs a few microseconds, so it is done at most once per
 //! request, only for the requests that need it, and never under the state

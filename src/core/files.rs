@@ -34,7 +34,8 @@ pub struct Handle {
     pub fh: Fh,
     pub ino: Ino,
     pub writable: bool,
-    /// The thread that opened it (the request's pid; 0: the kernel).
+    /// The thread that opened it (the request's pid; 0: the kernel or a
+    /// caller outside the mount's PID namespace).
     pub opener: u32,
     /// The backing file (also what passthrough hands to the kernel).
     pub file: Arc<File>,
