@@ -711,6 +711,77 @@ fn a_truncate_killed_before_its_last_cut_is_finished_by_fsck() {
     fs.close().unwrap();
 }
 
+/// What a truncate of "dir/f" to 1 block + 500 bytes (a block follows)
+/// leaves when the daemon dies after its first step: the journal of the
+/// new size after the last block. Returns that size.
+fn truncate_killed_after_its_journal(v: &Vol) -> u64 {
+    let (_, keys) = unlocked(&v.dir);
+    let new = BLOCK as u64 + 500;
+    let blocks = (F_LEN as u64).div_ceil(BLOCK as u64);
+    // Bound to its slot with the top bit set (sealed.rs's JOURNAL).
+    let journal = keys
+        .blocks()
+        .seal(v.f, (1 << 63) | blocks, &new.to_le_bytes())
+        .unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(backing(v, v.f))
+        .unwrap();
+    f.write_all_at(&journal, blocks * UNIT).unwrap();
+    new
+}
+
+#[test]
+fn a_truncate_killed_after_its_journal_is_finished_by_recovery() {
+    let v = encrypted();
+    let new = truncate_killed_after_its_journal(&v);
+    let (store, keys) = unlocked(&v.dir);
+    let sealed = SealedStore::new(store, keys);
+    let m = safs::format::superblock::MountState {
+        clean: false,
+        pid: 1,
+        since_ns: 0,
+    };
+    sealed
+        .commit(&[(keys::MOUNT_STATE.to_vec(), Some(m.encode()))])
+        .unwrap();
+    drop(sealed);
+    let fs = mount(&v.dir);
+    assert_eq!(fs.getattr(Ino(v.f)).unwrap().size, new);
+    let h = fs
+        .open(Ino(v.f), safs::core::OpenMode::from_flags(libc::O_RDONLY))
+        .unwrap();
+    assert_eq!(
+        fs.read(h.fh, 0, F_LEN as u32).unwrap(),
+        contents()[..new as usize]
+    );
+    fs.release(h.fh).unwrap();
+    fs.close().unwrap();
+    let (code, out) = fsck(&v, false);
+    assert_eq!(code, 0, "{out}");
+}
+
+#[test]
+fn a_truncate_killed_after_its_journal_is_finished_by_fsck() {
+    let v = encrypted();
+    let new = truncate_killed_after_its_journal(&v);
+    assert_found_repaired_clean(
+        &v,
+        &format!(
+            "file {}: a truncate the daemon did not finish left its journal; the file is cut \
+             to {new} bytes",
+            v.f
+        ),
+    );
+    assert_eq!(
+        std::fs::metadata(backing(&v, v.f)).unwrap().len(),
+        BlockLayout::PAGE.sealed_len(new)
+    );
+    let fs = mount(&v.dir);
+    assert_eq!(fs.getattr(Ino(v.f)).unwrap().size, new);
+    fs.close().unwrap();
+}
+
 #[test]
 fn a_changed_content_block_is_found_and_left_to_fail_reads() {
     let v = encrypted();

@@ -41,6 +41,8 @@ use parking_lot::Mutex;
 /// adapter above names it through core, not through `format`).
 pub use crate::format::inode::Timestamp;
 pub use creds::Ctx;
+/// For fsck: a truncate of sealed contents a killed daemon left half done.
+pub(crate) use data::DataStore;
 pub use error::{CoreError, Result};
 pub use files::{Handle, OpenMode};
 pub use ids::{Cookie, Fh, Generation, Ino};
@@ -53,7 +55,6 @@ use crate::format::keys;
 use crate::format::superblock::{MountState, Superblock};
 use crate::meta::{MetaStore, Write};
 use crypto::{Keyspace, SealedStore};
-use data::DataStore;
 use state::{Cached, State};
 use store::{Admit, HoldPolicy, Store, Ticket};
 use volume::Layout;

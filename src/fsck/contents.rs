@@ -63,6 +63,40 @@ impl Checker<'_> {
                 return;
             }
         };
+        // A truncate killed inside a block with blocks after it: its journal
+        // after the last block says the size it was cutting to. Until it is
+        // finished the blocks past that size are not the file's: repair
+        // finishes it, then the blocks are checked.
+        match crate::core::DataStore::journalled_cut(keys.blocks(), &file, ino) {
+            Ok(None) => {}
+            Ok(Some(new)) => {
+                self.find(
+                    format!(
+                        "file {ino}: a truncate the daemon did not finish left its journal; \
+                         the file is cut to {new} bytes"
+                    ),
+                    true,
+                );
+                if !self.repair {
+                    return;
+                }
+                let finish = || -> std::io::Result<bool> {
+                    let w = OpenOptions::new().read(true).write(true).open(&path)?;
+                    crate::core::DataStore::finish_journalled_cut(keys.blocks(), &w, ino)
+                };
+                if let Err(e) = finish() {
+                    self.find(
+                        format!("file {ino}: cannot finish the truncate: {e}"),
+                        false,
+                    );
+                    return;
+                }
+            }
+            Err(e) => {
+                self.find(format!("file {ino}: backing file unreadable: {e}"), false);
+                return;
+            }
+        }
         let layout = keys.blocks().layout();
         let unit = layout.unit();
         // Blocks that do not open, and a last block a killed truncate

@@ -151,6 +151,28 @@ impl DataStore {
         file.set_len(size)
     }
 
+    /// The size a truncate of sealed contents was cutting `file` (inode
+    /// `ino`'s backing file) to when the daemon was killed, as the cut
+    /// journal after its last block records (fsck reports it, then
+    /// [`DataStore::finish_journalled_cut`] finishes it).
+    pub(crate) fn journalled_cut(
+        cipher: &crate::core::crypto::BlockCipher,
+        file: &File,
+        ino: u64,
+    ) -> io::Result<Option<u64>> {
+        Sealed { cipher, file, ino }.cut_journal()
+    }
+
+    /// Finishes the truncate [`DataStore::journalled_cut`] found (`file`
+    /// open for writing). True if there was one.
+    pub(crate) fn finish_journalled_cut(
+        cipher: &crate::core::crypto::BlockCipher,
+        file: &File,
+        ino: u64,
+    ) -> io::Result<bool> {
+        Sealed { cipher, file, ino }.finish_cut()
+    }
+
     /// Recovery after an unclean stop: finishes a truncate of sealed
     /// contents the daemon was killed inside ([`sealed::Sealed::finish_cut`]).
     /// True if it did; always false on unencrypted volumes.

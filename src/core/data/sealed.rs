@@ -207,7 +207,7 @@ impl Sealed<'_> {
 
     /// The new size a cut journal after the last block records, if the
     /// file ends with one.
-    fn cut_journal(&self) -> io::Result<Option<u64>> {
+    pub fn cut_journal(&self) -> io::Result<Option<u64>> {
         let len = self.file.metadata()?.len();
         let unit = self.layout().unit();
         if len % unit != JOURNAL_LEN {
