@@ -668,11 +668,9 @@ fn truncate_killed_before_its_last_cut(v: &Vol) -> u64 {
     2 * UNIT + short.len() as u64
 }
 
-#[test]
-fn a_truncate_killed_before_its_last_cut_is_finished_by_recovery() {
-    let v = encrypted();
-    let cut = truncate_killed_before_its_last_cut(&v);
-    // The daemon that was killed left the volume marked mounted.
+/// What a killed daemon leaves: the volume marked mounted (so the next
+/// mount recovers).
+fn mark_mounted_by_a_killed_daemon(v: &Vol) {
     let (store, keys) = unlocked(&v.dir);
     let sealed = SealedStore::new(store, keys);
     let m = safs::format::superblock::MountState {
@@ -684,6 +682,13 @@ fn a_truncate_killed_before_its_last_cut_is_finished_by_recovery() {
         .commit(&[(keys::MOUNT_STATE.to_vec(), Some(m.encode()))])
         .unwrap();
     drop(sealed);
+}
+
+#[test]
+fn a_truncate_killed_before_its_last_cut_is_finished_by_recovery() {
+    let v = encrypted();
+    let cut = truncate_killed_before_its_last_cut(&v);
+    mark_mounted_by_a_killed_daemon(&v);
     let fs = mount(&v.dir);
     assert_eq!(fs.getattr(Ino(v.f)).unwrap().size, 2 * BLOCK as u64 + 500);
     fs.close().unwrap();
@@ -735,17 +740,7 @@ fn truncate_killed_after_its_journal(v: &Vol) -> u64 {
 fn a_truncate_killed_after_its_journal_is_finished_by_recovery() {
     let v = encrypted();
     let new = truncate_killed_after_its_journal(&v);
-    let (store, keys) = unlocked(&v.dir);
-    let sealed = SealedStore::new(store, keys);
-    let m = safs::format::superblock::MountState {
-        clean: false,
-        pid: 1,
-        since_ns: 0,
-    };
-    sealed
-        .commit(&[(keys::MOUNT_STATE.to_vec(), Some(m.encode()))])
-        .unwrap();
-    drop(sealed);
+    mark_mounted_by_a_killed_daemon(&v);
     let fs = mount(&v.dir);
     assert_eq!(fs.getattr(Ino(v.f)).unwrap().size, new);
     let h = fs

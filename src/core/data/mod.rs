@@ -120,15 +120,7 @@ impl DataStore {
             return s.read(offset, u64::from(len));
         }
         let mut buf = vec![0u8; len as usize];
-        let mut done = 0;
-        while done < buf.len() {
-            match file.read_at(&mut buf[done..], offset + done as u64) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
+        let done = read_up_to(file, &mut buf, offset)?;
         buf.truncate(done);
         Ok(buf)
     }
@@ -318,4 +310,19 @@ pub fn arm_atime(f: &File) -> io::Result<()> {
     let zero = nix::sys::time::TimeSpec::new(0, 0);
     nix::sys::stat::futimens(f, &zero, &nix::sys::time::TimeSpec::UTIME_OMIT)
         .map_err(io::Error::from)
+}
+
+/// Reads into `buf` from `offset` until it is full or the file ends; the
+/// bytes read.
+fn read_up_to(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
 }

@@ -33,6 +33,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 
+use super::read_up_to;
 use crate::core::crypto::{BLOCK_OVERHEAD, BlockCipher, BlockLayout};
 
 /// What a cut journal's nonce and tag are bound to besides the inode: its
@@ -367,21 +368,6 @@ fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Reads into `buf` from `offset` until it is full or the file ends; the
-/// bytes read.
-fn read_up_to(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        match file.read_at(&mut buf[done..], offset + done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
 }
 
 #[cfg(test)]
