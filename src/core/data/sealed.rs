@@ -494,6 +494,17 @@ mod tests {
         assert_eq!(file.metadata().unwrap().len(), layout.sealed_len(1000));
     }
 
+    /// Inode 11's sealed contents in `file`, holding `data`.
+    fn holding<'a>(cipher: &'a BlockCipher, file: &'a File, data: &[u8]) -> Sealed<'a> {
+        let s = Sealed {
+            cipher,
+            file,
+            ino: 11,
+        };
+        s.write(0, data).unwrap();
+        s
+    }
+
     /// A truncate inside a block with blocks after it, killed after each of
     /// its steps: recovery gives the old contents (killed before the first)
     /// or the new ones, never a length between (a CI crash loop once met
@@ -510,12 +521,7 @@ mod tests {
             // (journal, shortened block), 3 (all: the cut).
             for done in 0..=3 {
                 let file = tempfile::tempfile().unwrap();
-                let s = Sealed {
-                    cipher: &cipher,
-                    file: &file,
-                    ino: 11,
-                };
-                s.write(0, &old).unwrap();
+                let s = holding(&cipher, &file, &old);
                 if done >= 1 {
                     let blocks = (old.len() as u64).div_ceil(b);
                     let journal = s.seal(JOURNAL | blocks, &new.to_le_bytes()).unwrap();
@@ -546,12 +552,7 @@ mod tests {
             }
             // And the whole truncate, as the daemon runs it.
             let file = tempfile::tempfile().unwrap();
-            let s = Sealed {
-                cipher: &cipher,
-                file: &file,
-                ino: 11,
-            };
-            s.write(0, &old).unwrap();
+            let s = holding(&cipher, &file, &old);
             s.set_len(new).unwrap();
             assert_eq!(s.read(0, u64::MAX / 2).unwrap(), &old[..new as usize]);
             assert!(!s.finish_cut().unwrap());
