@@ -139,6 +139,8 @@ fn one_loop(seed: u64, base: &Path, data_path: &str, kind: Volume) {
     snapshots.push(inflight);
     unmount(&mnt);
     wait_unlocked(&vol);
+    // What a boot's fsck pass sees: the leftovers of a crash are no errors.
+    fsck_clean(seed, "fsck before the remount", &vol, enc.as_ref());
 
     run_ok(safs().args([
         "mount",
@@ -241,21 +243,28 @@ fn one_loop(seed: u64, base: &Path, data_path: &str, kind: Volume) {
     unmount(&mnt);
     wait_unlocked(&vol);
     drop(guard);
+    let out = fsck_clean(seed, "fsck after recovery", &vol, enc.as_ref());
+    assert!(
+        !out.contains("leftover"),
+        "seed {seed}: leftovers of a crash after a clean unmount: {out}"
+    );
+    drop(cluster);
+}
+
+/// Runs `safs fsck` on the unmounted `vol`, requires exit 0 and returns
+/// what it printed.
+fn fsck_clean(seed: u64, when: &str, vol: &Path, enc: Option<&Encrypted>) -> String {
     let mut fsck = vec!["fsck".to_string(), vol.to_str().unwrap().into()];
-    if let Some(e) = &enc {
+    if let Some(e) = enc {
         fsck.extend([
             "--passphrase-file".into(),
             e.passfile.to_str().unwrap().into(),
         ]);
     }
     let out = safs().args(&fsck).output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "seed {seed}: fsck after recovery: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    drop(cluster);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "seed {seed}: {when}: {text}");
+    text
 }
 
 #[test]

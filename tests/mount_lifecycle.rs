@@ -610,6 +610,74 @@ fn fsynced_changes_survive_sigkill_of_the_daemon() {
     assert_bytes_eq(&read_file(&p), &data, "fsynced file after SIGKILL");
 }
 
+/// `safs fsck` right after a `kill -9` (what a boot's fsck pass meets):
+/// the leftovers a mount recovers by design are listed and exit 0;
+/// `--repair` recovers them (exit 1); damage beside them still exits 4.
+#[test]
+fn fsck_after_a_kill_lists_leftovers_and_exits_0() {
+    let mut v = TestVolume::new();
+    let vol = v.vol().to_str().unwrap().to_string();
+    fs::write(v.path("kept"), b"kept").unwrap();
+    let mut open = OpenOptions::new()
+        .create(true)
+        .read(true)
+        .write(true)
+        .truncate(true)
+        .open(v.path("f"))
+        .unwrap();
+    open.write_all(&[b'x'; 100]).unwrap();
+    fs::remove_file(v.path("f")).unwrap();
+    File::open(v.mnt()).unwrap().sync_all().unwrap();
+    kill_daemon_hard(&mut v);
+    drop(open);
+
+    let out = safs(["fsck", &vol]);
+    out.assert_success("fsck after kill -9");
+    assert!(
+        out.stdout.contains("leftover: inode") && out.stdout.contains("unlinked while open"),
+        "{}",
+        out.stdout
+    );
+    assert!(!out.stdout.contains("ERROR"), "{}", out.stdout);
+    // A copy keeps the leftovers for the damage case below.
+    let copy = v.root().join("copy");
+    run_cmd(Command::new("cp").arg("-a").arg(v.vol()).arg(&copy)).assert_success("cp -a");
+
+    let out = safs(["fsck", "--repair", &vol]);
+    assert_eq!(out.status.code(), Some(1), "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout.contains("recovered: inode") && out.stdout.contains("recovered from"),
+        "{}",
+        out.stdout
+    );
+    let out = safs(["fsck", &vol]);
+    out.assert_success("fsck after the repair");
+    assert!(
+        out.stdout.contains(": clean") && !out.stdout.contains("leftover"),
+        "{}",
+        out.stdout
+    );
+    v.mount();
+    assert_eq!(fs::read(v.path("kept")).unwrap(), b"kept");
+    assert!(!v.path("f").exists());
+
+    // Real damage beside the leftovers is still an error: a wrong count.
+    {
+        let store = safs::meta::LmdbStore::open(&copy.join("meta")).unwrap();
+        let k = safs::format::keys::COUNTERS;
+        let mut c = safs::format::superblock::Counters::decode(
+            &safs::meta::MetaRead::get(&store, k).unwrap().unwrap(),
+        )
+        .unwrap();
+        c.inodes += 5;
+        safs::meta::MetaStore::commit(&store, &[(k.to_vec(), Some(c.encode()))]).unwrap();
+    }
+    let out = safs(["fsck", copy.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(4), "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("ERROR: inode count"), "{}", out.stdout);
+    assert!(out.stdout.contains("leftover: inode"), "{}", out.stdout);
+}
+
 #[test]
 fn allow_other_is_off_unless_asked_for() {
     let u = users();

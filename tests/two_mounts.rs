@@ -640,6 +640,43 @@ fn a_killed_daemon_leaves_the_other_serving_and_what_it_held_is_reclaimed() {
     assert!(out.stdout.contains("clean"), "{}", out.stdout);
 }
 
+/// Both daemons killed, one holding a file unlinked while open: `safs
+/// fsck` before any remount lists what recovery will do and exits 0, and
+/// the volume mounts with everything synced.
+#[test]
+fn fsck_after_both_daemons_were_killed_exits_0() {
+    let mut t = two_mounts();
+    let vol = t.v.vol().to_path_buf();
+    write_file(&t.a.path("kept"), b"synced");
+    write_file(&t.b.path("held"), b"open");
+    let open = std::fs::File::open(t.b.path("held")).unwrap();
+    std::fs::remove_file(t.b.path("held")).unwrap();
+    for m in [&t.a, &t.b] {
+        run_cmd(Command::new(env!("CARGO_BIN_EXE_safs")).args(["sync", m.mnt.to_str().unwrap()]))
+            .assert_success("safs sync");
+    }
+    for m in [&mut t.a, &mut t.b] {
+        let pid = m.pid();
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+        assert!(wait_until(Duration::from_secs(10), || !process_alive(pid)));
+        let _ = run_cmd(Command::new("umount").arg("-l").arg(&m.mnt));
+        m.mounted = false;
+    }
+    drop(open);
+    let out = safs(["fsck", vol.to_str().unwrap()]);
+    out.assert_success("fsck after both daemons were killed");
+    assert!(
+        out.stdout.contains("leftover: inode") && !out.stdout.contains("ERROR"),
+        "{}",
+        out.stdout
+    );
+    t.a = Mount::new(&vol, &t.a.mnt.clone());
+    t.b = Mount::new(&vol, &t.b.mnt.clone());
+    assert_eq!(std::fs::read(t.b.path("kept")).unwrap(), b"synced");
+    assert!(!t.a.path("held").exists());
+    t.unmount_and_fsck();
+}
+
 #[test]
 fn crash_loops_with_one_of_two_daemons_killed_lose_nothing_synced() {
     let mut t = two_mounts();

@@ -136,7 +136,12 @@ fn check(a: FsckArgs) -> i32 {
     match result {
         Ok(report) => {
             for f in &report.findings {
-                let tag = if f.repaired { "repaired" } else { "ERROR" };
+                let tag = match (f.leftover, f.repaired) {
+                    (true, true) => "recovered",
+                    (true, false) => "leftover",
+                    (false, true) => "repaired",
+                    (false, false) => "ERROR",
+                };
                 println!("{tag}: {}", f.what);
             }
             if report.structure_only {
@@ -145,20 +150,23 @@ fn check(a: FsckArgs) -> i32 {
                      records, names and contents not verified"
                 );
             }
-            if report.recovered > 0 {
+            let leftovers = report.leftovers();
+            if leftovers > 0 {
                 let verb = if a.repair {
-                    "reclaimed or reconciled"
+                    "recovered here"
                 } else {
-                    "to be reclaimed or reconciled at the next mount"
+                    "the next mount recovers them (or run with --repair)"
                 };
                 println!(
-                    "{} leftovers of an unclean stop (unlinked-while-open inodes, stale sizes, stray backing files): {verb}",
-                    report.recovered
+                    "{leftovers} leftovers of an unclean stop, not errors (inodes unlinked while \
+                     open, stale sizes, stray backing files, unfinished truncates): {verb}"
                 );
             }
             let verdict = match report.exit_code() {
                 _ if report.unreadable => "cannot be checked further, nor repaired",
+                0 if leftovers > 0 => "clean but for the leftovers of an unclean stop",
                 0 => "clean",
+                1 if report.findings.iter().all(|f| f.leftover) => "recovered from an unclean stop",
                 1 => "errors repaired",
                 _ if a.repair => "errors left uncorrected",
                 _ if report.structure_only => {

@@ -30,13 +30,10 @@ impl Checker<'_> {
             return Ok(size);
         }
         let whole = len / layout.unit();
-        self.find(
-            format!(
-                "file {ino}: backing file length {len} is no whole number of sealed blocks \
-                 (an extension torn by a crash); it keeps its {whole} whole blocks"
-            ),
-            true,
-        );
+        self.leftover_or_find(format!(
+            "file {ino}: backing file length {len} is no whole number of sealed blocks \
+             (an extension torn by a crash); it keeps its {whole} whole blocks"
+        ));
         if self.repair {
             OpenOptions::new()
                 .write(true)
@@ -70,13 +67,10 @@ impl Checker<'_> {
         match crate::core::DataStore::journalled_cut(keys.blocks(), &file, ino) {
             Ok(None) => {}
             Ok(Some(new)) => {
-                self.find(
-                    format!(
-                        "file {ino}: a truncate the daemon did not finish left its journal; \
-                         the file is cut to {new} bytes"
-                    ),
-                    true,
-                );
+                self.leftover_or_find(format!(
+                    "file {ino}: a truncate the daemon did not finish left its journal; \
+                     the file is cut to {new} bytes"
+                ));
                 if !self.repair {
                     return;
                 }
@@ -128,13 +122,10 @@ impl Checker<'_> {
         };
         match read() {
             Ok((_, bad, Some(cut))) if bad.is_empty() => {
-                self.find(
-                    format!(
-                        "file {ino}: its last content block was shortened by a truncate the \
-                         daemon did not finish; the backing file is cut to {cut} bytes"
-                    ),
-                    true,
-                );
+                self.leftover_or_find(format!(
+                    "file {ino}: its last content block was shortened by a truncate the \
+                     daemon did not finish; the backing file is cut to {cut} bytes"
+                ));
                 if self.repair {
                     let cut_file = || OpenOptions::new().write(true).open(&path)?.set_len(cut);
                     if let Err(e) = cut_file() {

@@ -6,9 +6,15 @@
 //! against it, counting names per inode as it goes; a final sweep compares
 //! the counts with the inodes and the backing files with the records.
 //!
+//! Leftovers of an unclean stop that a mount recovers by design — inodes
+//! unlinked while open (`O`), sizes behind their backing files, backing
+//! files whose creating batch never committed, a sealed truncate cut short
+//! — are listed apart from findings: without `repair` they leave the exit
+//! code at 0 (as e2fsck treats its orphan list), and `repair` finishes
+//! that recovery itself (exit 1).
+//!
 //! What `repair` does (each is reported):
-//! - reclaims orphans (`O`) and reconciles interrupted writers (`W`), as a
-//!   mount would;
+//! - the recovery of leftovers, as a mount would;
 //! - deletes records that fail their checksum, except inodes and the
 //!   superblock (an unreadable inode is reported and left alone), and
 //!   records that belong to no inode;
@@ -95,6 +101,9 @@ pub type Result<T> = std::result::Result<T, FsckError>;
 pub struct Finding {
     pub what: String,
     pub repaired: bool,
+    /// A leftover of an unclean stop that the next mount recovers by
+    /// design: not an error, whether or not it was repaired here.
+    pub leftover: bool,
 }
 
 #[derive(Debug, Default)]
@@ -103,8 +112,6 @@ pub struct Report {
     pub inodes: u64,
     pub entries: u64,
     pub xattr_records: u64,
-    /// Orphans reclaimed and writers reconciled (expected after a crash).
-    pub recovered: u64,
     /// The check stopped at the first finding: the volume cannot be read
     /// further, and `--repair` cannot help.
     pub unreadable: bool,
@@ -115,13 +122,18 @@ pub struct Report {
 
 impl Report {
     pub fn exit_code(&self) -> i32 {
-        if self.findings.iter().any(|f| !f.repaired) {
+        if self.findings.iter().any(|f| !f.repaired && !f.leftover) {
             EXIT_UNCORRECTED
-        } else if self.findings.is_empty() {
-            EXIT_CLEAN
-        } else {
+        } else if self.findings.iter().any(|f| f.repaired) {
             EXIT_REPAIRED
+        } else {
+            EXIT_CLEAN
         }
+    }
+
+    /// Leftovers of an unclean stop (recovered, or left to the next mount).
+    pub fn leftovers(&self) -> usize {
+        self.findings.iter().filter(|f| f.leftover).count()
     }
 }
 
@@ -210,6 +222,9 @@ struct Checker<'a> {
     inodes: BTreeMap<u64, Info>,
     writes: Vec<Write>,
     lost_found: Option<u64>,
+    /// Inodes unlinked while open, freed (with `repair`) or left to the
+    /// next mount: the counters still count them.
+    orphans: u64,
     /// The volume was not unmounted cleanly: stale sizes and stray backing
     /// files are expected (the next mount reconciles them), not errors.
     unclean: bool,
@@ -221,7 +236,32 @@ impl Checker<'_> {
     fn find(&mut self, what: String, fixable: bool) {
         let repaired = fixable && self.repair;
         tracing::warn!(repaired, "{what}");
-        self.report.findings.push(Finding { what, repaired });
+        self.report.findings.push(Finding {
+            what,
+            repaired,
+            leftover: false,
+        });
+    }
+
+    /// A leftover of an unclean stop that a mount recovers by design;
+    /// `repair` recovers it here.
+    fn leftover(&mut self, what: String) {
+        tracing::info!(repaired = self.repair, "{what}");
+        self.report.findings.push(Finding {
+            what,
+            repaired: self.repair,
+            leftover: true,
+        });
+    }
+
+    /// A finding that is a leftover after an unclean stop and damage after
+    /// a clean one.
+    fn leftover_or_find(&mut self, what: String) {
+        if self.unclean {
+            self.leftover(what);
+        } else {
+            self.find(what, true);
+        }
     }
 
     /// Streams every record with `prefix` in key order.
@@ -297,6 +337,7 @@ fn unreadable(what: String) -> Report {
         findings: vec![Finding {
             what,
             repaired: false,
+            leftover: false,
         }],
         unreadable: true,
         ..Report::default()
@@ -401,6 +442,7 @@ fn check_store(
         inodes: BTreeMap::new(),
         writes: Vec::new(),
         lost_found: None,
+        orphans: 0,
         unclean: false,
     };
     let mount_state = c.raw.get(keys::MOUNT_STATE)?;

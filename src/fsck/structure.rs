@@ -62,6 +62,7 @@ impl Structure {
         self.report.findings.push(Finding {
             what,
             repaired: false,
+            leftover: false,
         });
     }
 }
