@@ -258,6 +258,8 @@ impl Fs {
         } else {
             h.file.sync_all()?;
         }
+        // The contents are of no use after a crash without their name.
+        self.data.sync_name(h.ino.0)?;
         Ok(())
     }
 

@@ -19,6 +19,7 @@
 //! On encrypted volumes backing files hold sealed blocks (see `sealed`):
 //! every read and write goes through the daemon, and sizes are converted.
 
+mod names;
 mod pool;
 mod sealed;
 
@@ -44,6 +45,8 @@ pub struct DataStore {
     /// Backing files made ahead of time (see `pool`); none on read-only
     /// and shared volumes.
     pool: std::sync::OnceLock<pool::Pool>,
+    /// Which backing directories hold names not yet made durable.
+    names: names::Names,
 }
 
 impl DataStore {
@@ -55,6 +58,7 @@ impl DataStore {
                 .collect(),
             keys,
             pool: std::sync::OnceLock::new(),
+            names: names::Names::new(root),
         }
     }
 
@@ -75,7 +79,16 @@ impl DataStore {
     /// Inode number `ino` is being taken: the backing file made for it
     /// ahead of time, if it is a regular file and one is ready.
     pub fn take_ready(&self, ino: u64, regular: bool) -> Option<File> {
-        self.pool.get()?.take(ino, regular)
+        let file = self.pool.get()?.take(ino, regular)?;
+        // Made or renamed there by the pool: a name to make durable.
+        self.names.made(ino);
+        Some(file)
+    }
+
+    /// Makes the name of `ino`'s backing file durable, if it may not be
+    /// yet: part of an `fsync` of the file.
+    pub fn sync_name(&self, ino: u64) -> io::Result<()> {
+        self.names.sync(ino)
     }
 
     /// Removes the backing files made for numbers never taken (before a
@@ -265,7 +278,9 @@ impl DataStore {
     /// Creates the backing file of a new inode `ino` (it must not exist),
     /// its atime at the sentinel.
     pub fn create(&self, ino: u64) -> io::Result<File> {
-        make_backing(&self.path(ino))
+        let file = make_backing(&self.path(ino))?;
+        self.names.made(ino);
+        Ok(file)
     }
 
     fn open_with(&self, ino: u64, create: bool) -> io::Result<File> {
