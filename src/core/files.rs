@@ -267,8 +267,16 @@ impl Fs {
     /// punch-hole and zero-range modes the backing filesystem supports.
     /// Like a write, it drops set-user-ID and set-group-ID for a caller
     /// without CAP_FSETID (the kernel does that itself for writes and
-    /// truncates of FUSE files, not for fallocate).
-    pub fn fallocate(&self, ctx: &Ctx, fh: Fh, offset: u64, length: u64, mode: i32) -> Result<()> {
+    /// truncates of FUSE files, not for fallocate). True if it cleared
+    /// them: the kernel's cached mode is then stale.
+    pub fn fallocate(
+        &self,
+        ctx: &Ctx,
+        fh: Fh,
+        offset: u64,
+        length: u64,
+        mode: i32,
+    ) -> Result<bool> {
         let h = self.handle(fh)?;
         let _space = self.writable()?;
         self.data
@@ -281,14 +289,16 @@ impl Fs {
         let mut st = self.state.lock();
         let mut inode = self.inode(&mut st, h.ino.0)?;
         self.reconcile(h.ino.0, &mut inode, Some(&h.file))?;
-        inode.mode &= !kill_set_ids(ctx, inode.mode, inode.gid);
+        let kill = kill_set_ids(ctx, inode.mode, inode.gid);
+        inode.mode &= !kill;
         inode.ctime = Timestamp::now();
         if mode & libc::FALLOC_FL_KEEP_SIZE == 0 {
             inode.mtime = inode.ctime;
         }
         let mut w = Vec::new();
         self.put_inode(&mut st, &mut w, h.ino.0, inode);
-        self.commit(w)
+        self.commit(w)?;
+        Ok(kill != 0)
     }
 
     /// `lseek` for `SEEK_DATA`/`SEEK_HOLE`, answered by the backing file.
@@ -316,16 +326,22 @@ impl Fs {
 
 /// The set-id bits a change of a regular file's contents by `ctx` clears
 /// (the kernel's `setattr_should_drop_suidgid`): none for a caller with
-/// CAP_FSETID; otherwise set-user-ID, and set-group-ID when the file is
-/// group-executable or the caller is not in its group.
+/// CAP_FSETID; otherwise those of [`set_ids_dropped`].
 fn kill_set_ids(ctx: &Ctx, mode: u32, gid: u32) -> u32 {
-    if mode & S_IFMT != S_IFREG
-        || mode & (libc::S_ISUID | libc::S_ISGID) == 0
-        || ctx.has_cap(super::creds::CAP_FSETID)
-    {
+    if ctx.has_cap(super::creds::CAP_FSETID) {
         return 0;
     }
-    let mut kill = libc::S_ISUID;
+    set_ids_dropped(ctx, mode, gid)
+}
+
+/// The set-id bits a change of a regular file's contents clears for a
+/// caller without CAP_FSETID: set-user-ID, and set-group-ID when the file
+/// is group-executable or the caller is not in its group.
+pub(super) fn set_ids_dropped(ctx: &Ctx, mode: u32, gid: u32) -> u32 {
+    if mode & S_IFMT != S_IFREG || mode & (libc::S_ISUID | libc::S_ISGID) == 0 {
+        return 0;
+    }
+    let mut kill = mode & libc::S_ISUID;
     if mode & libc::S_ISGID != 0 && (mode & libc::S_IXGRP != 0 || !ctx.in_group(gid)) {
         kill |= libc::S_ISGID;
     }

@@ -318,6 +318,10 @@ impl Fs {
 
     pub fn setattr(&self, ctx: &Ctx, ino: Ino, set: &SetAttr) -> Result<Attr> {
         let ino = ino.0;
+        if set.kill_setid && set.size.is_some() {
+            // The caller's groups decide the set-group-ID bit below.
+            ctx.load();
+        }
         let _space = self.writable()?;
         let mut st = self.state.lock();
         let mut inode = self.inode(&mut st, ino)?;
@@ -366,7 +370,13 @@ impl Fs {
             inode.gid = gid;
         }
         if set.kill_setid {
-            inode.mode = setid_killed(inode.mode);
+            inode.mode = if set.size.is_some() {
+                // A truncate by a caller without CAP_FSETID (the kernel
+                // asks only then): as a write by it would.
+                inode.mode & !super::files::set_ids_dropped(ctx, inode.mode, inode.gid)
+            } else {
+                setid_killed(inode.mode)
+            };
         }
         // Set-id bits set on a file another process holds open for writing
         // through passthrough: that process's later writes could not clear
@@ -402,31 +412,36 @@ impl Fs {
         self.attr_locked(&mut st, ino)
     }
 
-    /// Clears `ino`'s set-id bits before a write by a caller without
-    /// CAP_FSETID (the kernel's `file_remove_privs`, left to safs when the
-    /// file's data goes through the daemon). A file without them — nearly
-    /// every one — costs a cached read.
-    pub fn kill_setid(&self, ino: Ino) -> Result<()> {
+    /// Clears `ino`'s set-id bits before a write (or an `O_TRUNC` open) by
+    /// a caller the kernel found without CAP_FSETID (its
+    /// `file_remove_privs`, left to safs under FUSE_HANDLE_KILLPRIV_V2):
+    /// set-user-ID, and set-group-ID as [`super::files::set_ids_dropped`]
+    /// says. A file without them — nearly every one — costs a cached read.
+    /// True if bits went: the kernel's cached mode is then stale.
+    pub fn kill_setid(&self, ctx: &Ctx, ino: Ino) -> Result<bool> {
         let ino = ino.0;
         {
             let mut st = self.state.lock();
             let mode = self.load(&mut st, ino)?.inode.mode;
-            if setid_killed(mode) == mode {
-                return Ok(());
+            if mode & S_IFMT != S_IFREG || mode & (libc::S_ISUID | libc::S_ISGID) == 0 {
+                return Ok(false);
             }
         }
+        // The caller's groups, read before the lock.
+        ctx.load();
         let _space = self.writable()?;
         let mut st = self.state.lock();
         let mut inode = self.inode(&mut st, ino)?;
-        let mode = setid_killed(inode.mode);
-        if mode == inode.mode {
-            return Ok(());
+        let kill = super::files::set_ids_dropped(ctx, inode.mode, inode.gid);
+        if kill == 0 {
+            return Ok(false);
         }
-        inode.mode = mode;
+        inode.mode &= !kill;
         inode.ctime = Timestamp::now();
         let mut w = Vec::new();
         self.put_inode(&mut st, &mut w, ino, inode);
-        self.commit(w)
+        self.commit(w)?;
+        Ok(true)
     }
 
     fn set_backing_mtime(&self, st: &State, ino: u64, t: Timestamp) {

@@ -508,11 +508,11 @@ impl SafsFuse {
             Req::Open { flags, open_flags } => {
                 let _t = self.stats.start(Op::Open);
                 // O_TRUNC by a caller without CAP_FSETID (KILLPRIV_V2).
-                if open_flags & abi::FUSE_OPEN_KILL_SUIDGID != 0
-                    && flags & libc::O_TRUNC != 0
-                    && let Err(e) = self.fs.kill_setid(ino)
-                {
-                    return reply.error(e.errno());
+                if open_flags & abi::FUSE_OPEN_KILL_SUIDGID != 0 && flags & libc::O_TRUNC != 0 {
+                    match self.fs.kill_setid(&ctx(h), ino) {
+                        Ok(killed) => self.stale_mode(ino, killed),
+                        Err(e) => return reply.error(e.errno()),
+                    }
                 }
                 self.open(h, flags, reply);
             }
@@ -571,10 +571,11 @@ impl SafsFuse {
                 let _t = self.stats.start(Op::Write);
                 // A writer without CAP_FSETID (KILLPRIV_V2): the bits go
                 // before the data, as file_remove_privs does.
-                if write_flags & abi::FUSE_WRITE_KILL_SUIDGID != 0
-                    && let Err(e) = self.fs.kill_setid(ino)
-                {
-                    return reply.error(e.errno());
+                if write_flags & abi::FUSE_WRITE_KILL_SUIDGID != 0 {
+                    match self.fs.kill_setid(&ctx(h), ino) {
+                        Ok(killed) => self.stale_mode(ino, killed),
+                        Err(e) => return reply.error(e.errno()),
+                    }
                 }
                 Written(reply).answer(self.fs.write(Fh(fh), offset, data));
             }
@@ -673,7 +674,10 @@ impl SafsFuse {
             } => {
                 let _t = self.stats.start(Op::Fallocate);
                 let r = self.fs.fallocate(&ctx(h), Fh(fh), offset, length, mode);
-                Empty(reply).answer(r);
+                if let Ok(killed) = r {
+                    self.stale_mode(ino, killed);
+                }
+                Empty(reply).answer(r.map(|_| ()));
             }
             Req::Lseek { fh, offset, whence } => {
                 let _t = self.stats.start(Op::Lseek);
@@ -694,6 +698,26 @@ impl SafsFuse {
         }
     }
 
+    /// The daemon cleared `ino`'s set-id bits (`killed`) in answering a
+    /// request whose reply carries no attributes (write, fallocate, open):
+    /// the kernel's cached mode is dropped before the reply, so that a
+    /// `stat` right after sees the bits gone (the kernel invalidates only
+    /// size and times itself).
+    fn stale_mode(&self, ino: Ino, killed: bool) {
+        if killed {
+            self.drop_cached_attrs(ino);
+        }
+    }
+
+    /// Drops the kernel's cached attributes of `ino` (not its pages).
+    fn drop_cached_attrs(&self, ino: Ino) {
+        if let Some((_, n)) = self.conn.get() {
+            if let Err(e) = n.inval_inode(ino.0, -1, 0) {
+                tracing::debug!(ino = ino.0, error = %e, "attribute invalidation");
+            }
+        }
+    }
+
     fn open(&self, h: &Header, flags: i32, reply: Reply) {
         let ino = Ino(h.nodeid);
         match self.fs.open_as(&ctx(h), ino, OpenMode::from_flags(flags)) {
@@ -701,11 +725,7 @@ impl SafsFuse {
                 if handle.writable && self.passthrough() {
                     // The kernel's cached attributes would hide changes made
                     // through a shared mapping (see `attr_ttl`).
-                    if let Some((_, n)) = self.conn.get() {
-                        if let Err(e) = n.inval_inode(ino.0, -1, 0) {
-                            tracing::debug!(ino = ino.0, error = %e, "attribute invalidation");
-                        }
-                    }
+                    self.drop_cached_attrs(ino);
                 }
                 reply.send(&[self.open_out(&handle).as_bytes()]);
             }
