@@ -11,7 +11,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -753,4 +753,68 @@ fn the_dircache_option_reaches_the_daemon() {
     assert_eq!(budget(&plain), 0, "off by default for a plain volume");
     let plain = TestVolume::with_options(&["dircache=1"]);
     assert!(budget(&plain) > 0, "dircache=1 turns it on");
+}
+
+/// `SEEK_DATA`/`SEEK_HOLE` on sealed contents answer in 4 KiB pages, as
+/// ext4 does (xfstests' seek_sanity_test): hole, data, hole, data; a
+/// punched page is a hole; negative offsets are past the end (ENXIO).
+#[test]
+fn seek_data_and_seek_hole_find_the_holes_of_sealed_contents() {
+    use nix::unistd::{Whence, lseek};
+    let dir = tempfile::tempdir().unwrap();
+    let pass = dir.path().join("passphrase");
+    std::fs::write(&pass, b"seek test\n").unwrap();
+    let mut v = encrypted(&pass);
+    v.mount();
+    let p = v.path("holes");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .read(true)
+        .write(true)
+        .truncate(true)
+        .open(&p)
+        .unwrap();
+    let page = vec![b'a'; 4096];
+    // |- hole -|- data -|- hole -|- data -|- data, punched -|- data -|
+    for at in [4096, 12288, 16384, 20480] {
+        f.write_all_at(&page, at).unwrap();
+    }
+    nix::fcntl::fallocate(
+        &f,
+        nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
+            | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+        16384,
+        4096,
+    )
+    .unwrap();
+    let size = 24576;
+    let cases = [
+        (0, Whence::SeekData, Some(4096)),
+        (0, Whence::SeekHole, Some(0)),
+        (4095, Whence::SeekData, Some(4096)),
+        (4096, Whence::SeekHole, Some(8192)),
+        (8191, Whence::SeekData, Some(8191)),
+        (8192, Whence::SeekData, Some(12288)),
+        (12289, Whence::SeekHole, Some(16384)),
+        (16384, Whence::SeekData, Some(20480)),
+        (20481, Whence::SeekHole, Some(size)),
+        (size - 1, Whence::SeekData, Some(size - 1)),
+        (size, Whence::SeekData, None),
+        (size, Whence::SeekHole, None),
+        (-1, Whence::SeekData, None),
+        (-1, Whence::SeekHole, None),
+    ];
+    for (at, whence, want) in cases {
+        let got = lseek(&f, at, whence);
+        match want {
+            Some(w) => assert_eq!(got, Ok(w), "{whence:?} from {at}"),
+            None => assert_eq!(got, Err(nix::errno::Errno::ENXIO), "{whence:?} from {at}"),
+        }
+    }
+    // Contents are unchanged by the looking.
+    let mut want = vec![0u8; size as usize];
+    for at in [4096usize, 12288, 20480] {
+        want[at..at + 4096].fill(b'a');
+    }
+    assert_eq!(std::fs::read(&p).unwrap(), want);
 }

@@ -228,7 +228,7 @@ impl DataStore {
     }
 
     /// `lseek`'s `SEEK_DATA`/`SEEK_HOLE` (and plain seeks). Sealed
-    /// contents are all data: holes are not told apart from zeros.
+    /// contents report holes block by block (see [`Sealed::seek`]).
     pub fn lseek(&self, file: &File, ino: u64, offset: i64, whence: i32) -> io::Result<i64> {
         let w = match whence {
             libc::SEEK_DATA => nix::unistd::Whence::SeekData,
@@ -240,21 +240,24 @@ impl DataStore {
         let Some((s, lock)) = self.sealed(file, ino) else {
             return nix::unistd::lseek(file, offset, w).map_err(io::Error::from);
         };
-        let size = {
-            let _g = lock.read();
-            s.len()? as i64
-        };
+        let _g = lock.read();
+        let size = s.len()? as i64;
         let at = if whence == libc::SEEK_END {
             size + offset
         } else {
             offset
         };
         match whence {
-            _ if at < 0 => Err(io::Error::from_raw_os_error(libc::EINVAL)),
-            libc::SEEK_DATA | libc::SEEK_HOLE if at >= size => {
+            // As the kernel's generic llseek: an offset taken unsigned, so
+            // a negative one is past the end too.
+            libc::SEEK_DATA | libc::SEEK_HOLE if at < 0 || at >= size => {
                 Err(io::Error::from_raw_os_error(libc::ENXIO))
             }
-            libc::SEEK_HOLE => Ok(size),
+            _ if at < 0 => Err(io::Error::from_raw_os_error(libc::EINVAL)),
+            libc::SEEK_DATA | libc::SEEK_HOLE => {
+                let found = s.seek(at as u64, size as u64, whence == libc::SEEK_DATA)?;
+                Ok(found as i64)
+            }
             _ => Ok(at),
         }
     }
