@@ -13,9 +13,9 @@
 //!   rules (sent by `mount -o remount,...`).
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,6 +36,44 @@ fn status_kib(status: &str, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The control socket a daemon made: at the end it is removed only if the
+/// path still names it. On a shared volume a daemon mounting the same
+/// mountpoint again may already have made its own there while this one
+/// was still closing (a mount right after an unmount: xfstests generic/366).
+pub struct ControlSocket {
+    volume: PathBuf,
+    path: PathBuf,
+    /// Device and inode of the socket this daemon bound.
+    id: (u64, u64),
+}
+
+impl ControlSocket {
+    /// Removes the socket, unless another daemon's has replaced it.
+    pub fn remove(self) {
+        let _ = with_volume_locked(&self.volume, || {
+            match std::fs::symlink_metadata(&self.path) {
+                Ok(m) if (m.dev(), m.ino()) == self.id => std::fs::remove_file(&self.path),
+                _ => Ok(()),
+            }
+        });
+    }
+}
+
+/// Runs `f` holding an exclusive `flock` of the volume directory: daemons
+/// of this host replacing and removing a control socket take turns. (A
+/// filesystem that cannot lock a directory only loses that ordering.)
+fn with_volume_locked<T>(
+    volume: &Path,
+    f: impl FnOnce() -> std::io::Result<T>,
+) -> std::io::Result<T> {
+    let lock = std::fs::File::open(volume)
+        .ok()
+        .and_then(|d| nix::fcntl::Flock::lock(d, nix::fcntl::FlockArg::LockExclusive).ok());
+    let r = f();
+    drop(lock);
+    r
+}
+
 /// Serves the control socket of the daemon serving `volume` on
 /// `mountpoint` ([`socket_path_at`]) on a thread of its own until the
 /// process ends.
@@ -44,11 +82,16 @@ pub fn serve(
     mountpoint: &Path,
     fs: Arc<Fs>,
     stats: Arc<Stats>,
-) -> std::io::Result<()> {
+) -> std::io::Result<ControlSocket> {
     let path = socket_path_at(volume, mountpoint);
-    let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path)?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    let (listener, id) = with_volume_locked(volume, || {
+        // A socket left there by a daemon that died.
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        let m = std::fs::symlink_metadata(&path)?;
+        Ok((listener, (m.dev(), m.ino())))
+    })?;
     std::thread::Builder::new()
         .name("safs-control".into())
         .spawn(move || {
@@ -59,7 +102,11 @@ pub fn serve(
                 }
             }
         })?;
-    Ok(())
+    Ok(ControlSocket {
+        volume: volume.to_path_buf(),
+        path,
+        id,
+    })
 }
 
 fn handle(conn: UnixStream, fs: &Fs, stats: &Stats) -> std::io::Result<()> {

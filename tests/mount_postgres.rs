@@ -252,3 +252,40 @@ fn what_cannot_work_is_a_clear_error_and_leaves_nothing() {
     fails_with(&out, "holds no safs volume");
     assert!(!is_fuse_mounted(&mnt));
 }
+
+/// Mount, `mount -o remount,ro` and back, unmount and mount again at once,
+/// on one mountpoint, many times in a row (xfstests generic/294, 366,
+/// 452): several daemons may serve a PostgreSQL volume, so a new mount
+/// does not wait for the old daemon to finish closing — and that daemon
+/// must not remove the control socket its successor has made.
+#[test]
+fn mount_remount_and_umount_in_a_row_on_one_mountpoint() {
+    let _h = MountHelper::install();
+    let mut p = pg_volume();
+    let mnt = p.v.mnt().to_path_buf();
+    let remount = |how: &str| {
+        run_cmd(
+            std::process::Command::new("mount")
+                .args(["-o", &format!("remount,{how}")])
+                .arg(&mnt),
+        )
+        .assert_success(&format!("mount -o remount,{how}"));
+    };
+    for i in 0..15 {
+        write_file(&p.v.path(format!("f{i}")), b"x");
+        remount("ro");
+        assert_eq!(
+            std::fs::write(p.v.path("refused"), b"y").map_err(errno_of),
+            Err(nix::errno::Errno::EROFS),
+            "round {i}"
+        );
+        remount("rw");
+        umount_once_released(&mnt).assert_success("umount");
+        p.v.forget_mounted();
+        p.v.mount();
+        safs(["sync", mnt.to_str().unwrap()]).assert_success(&format!("safs sync, round {i}"));
+    }
+    for i in 0..15 {
+        assert_eq!(read_file(&p.v.path(format!("f{i}"))), b"x");
+    }
+}

@@ -547,7 +547,7 @@ fn serve(
     let fs = Arc::new(fs);
 
     let stats = Arc::new(safs::fuse::stats::Stats::default());
-    safs::control::serve(volume, mountpoint, Arc::clone(&fs), Arc::clone(&stats))
+    let control = safs::control::serve(volume, mountpoint, Arc::clone(&fs), Arc::clone(&stats))
         .context("cannot open the control socket")?;
     let mut session = Session::mount(Arc::clone(&fs), mountpoint, &o.session(volume), stats)
         .map_err(|e| {
@@ -610,7 +610,7 @@ fn serve(
     sig_handle.close();
     // `destroy` committed the last batch; make sure even if it was not sent.
     let close = fs.close();
-    let _ = std::fs::remove_file(safs::control::socket_path_at(volume, mountpoint));
+    control.remove();
     let res = res
         .context("FUSE session failed")
         .and(close.context("final metadata commit failed"));
