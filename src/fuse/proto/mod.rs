@@ -4,7 +4,6 @@
 //! safs speaks protocol 7.36 or later (Linux 5.17+): `request` decodes the
 //! structure sizes of those versions only (INIT excepted, so that an older
 //! kernel can be refused by name).
-#![allow(dead_code)] // used once the adapter moves over from fuser
 
 pub mod abi;
 pub mod reply;

@@ -5,7 +5,6 @@
 //! One request-handling path for both transports: each request reaches the
 //! [`Handler`] as a [`RawRequest`] (the kernel's header, the operation's own
 //! structure, the payload) with a [`Reply`] that knows its way back.
-#![allow(dead_code)] // used once the adapter moves over from fuser
 
 mod conn;
 mod dev;

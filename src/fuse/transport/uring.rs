@@ -254,7 +254,9 @@ pub(super) fn start(
 }
 
 impl Queues {
-    /// Requests served so far, per queue (for `safs info --stats`).
+    /// Requests served so far, per queue (`safs info --stats` reads them
+    /// through [`counters`](Self::counters)).
+    #[cfg(test)]
     pub(super) fn counts(&self) -> Vec<u64> {
         self.counts.counts()
     }
@@ -267,8 +269,9 @@ impl Queues {
     /// Stops the queue threads without waiting for the connection to end
     /// (their rings close, which cancels the entries waiting in the
     /// kernel). Requests the kernel sends to the rings afterwards wait
-    /// until the connection is aborted or unmounted: for error paths and
-    /// the end of the daemon, before closing `/dev/fuse`.
+    /// until the connection is aborted or unmounted. The daemon ends its
+    /// queues by ending the connection; tests stop them on a live one.
+    #[cfg(test)]
     pub(super) fn shutdown(&self) {
         for q in &self.queues {
             q.request_stop();
@@ -458,10 +461,6 @@ impl Queue {
             stop: AtomicBool::new(false),
             eventfd: eventfd()?,
         })
-    }
-
-    fn depth(&self) -> usize {
-        self.entries.len()
     }
 
     fn id(&self) -> usize {
