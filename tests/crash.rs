@@ -16,7 +16,7 @@
 //! (`pg_ctl stop -m immediate`) under a running workload: the daemon waits
 //! for it and goes on, and nothing it acknowledged is lost.
 //! `SAFS_CRASH_LOOPS=N` sets the number of loops (default 6 here; the
-//! README's long run uses 200). `SAFS_CRASH_SEED` replays one seed's
+//! long run in docs/testing.md uses 200). `SAFS_CRASH_SEED` replays one seed's
 //! workload. `SAFS_CRASH_VERBOSE=1` prints
 //! refused operations.
 

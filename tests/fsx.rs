@@ -7,7 +7,7 @@
 //! passthrough and daemon-side I/O) every 5,000 steps (twice in a short run) and compared again.
 //!
 //! `SAFS_FSX_OPS=N` sets the number of steps (default 3,000 here; the
-//! README's long run uses 1,000,000). `SAFS_FSX_SEED` fixes the seed.
+//! long run in docs/testing.md uses 1,000,000). `SAFS_FSX_SEED` fixes the seed.
 
 mod model;
 
