@@ -27,6 +27,9 @@
 #      again on an encrypted volume (sealed names, records and contents)
 #   9. real Samba (smbd, smbclient) and OpenStack Swift (its object-server
 #      diskfile layer) on safs mounts: tests/interop/samba.sh and swift.sh
+# Before step 3 it starts one private S3 server (a one-node Ceph cluster with
+# radosgw on 127.0.0.1, crates/safs-s3server) that the object-store tests
+# share, and stops it on exit.
 # Both transports: the script sets /sys/module/fuse/parameters/enable_uring
 # to Y for the run when the kernel has it (and puts the old value back on
 # exit); on a kernel without FUSE over io_uring only /dev/fuse runs, and the
@@ -64,6 +67,10 @@ have useradd || need+=(passwd)
 have cc || need+=(build-essential)
 have pkg-config || need+=(pkg-config)
 have stress-ng || need+=(stress-ng)
+# A private S3 server for the object-store tests: a one-node Ceph cluster
+# with radosgw (crates/safs-s3server), and s3cmd to make buckets.
+have radosgw || need+=(radosgw ceph-mon ceph-osd ceph-common)
+have s3cmd || need+=(s3cmd)
 [ -e /usr/include/sys/acl.h ] || need+=(libacl1-dev) # pjdfstest links libacl
 if ! have cargo && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ]; then
   have curl || need+=(curl ca-certificates)
@@ -192,6 +199,18 @@ pg_stop() {
   if [ -f "$PG_DATA/postmaster.pid" ]; then pg pg_ctl -D "$PG_DATA" -m immediate -w stop >/dev/null 2>&1 || true; fi
 }
 
+# The S3 server the whole run shares (tests find it through the variables
+# `safs-s3server start` prints); stopped by its daemons' PIDs on exit.
+S3_DIR=$WORK/s3
+S3_SERVER=$ROOT/target/release/safs-s3server
+s3_start() {
+  mkdir -p "$S3_DIR" && cargo build --release --locked --quiet -p safs-s3server &&
+    "$S3_SERVER" start "$S3_DIR" >"$WORK/s3.env" && . "$WORK/s3.env"
+}
+s3_stop() {
+  if [ -d "$S3_DIR/ceph" ] && [ -x "$S3_SERVER" ]; then "$S3_SERVER" stop "$S3_DIR" || true; fi
+}
+
 cleanup() {
   local rc=$?
   trap - EXIT
@@ -213,6 +232,7 @@ cleanup() {
   done
   [ "$CLEAN_STRAY_MOUNTS" = 1 ] && clean_stray_mounts
   pg_stop
+  s3_stop
   restore_uring
   if ! is_mounted "$MNT" && ! is_mounted "$ENC_MNT" && ! is_mounted "$DEV_MNT" && ! is_mounted "$PG_MNT"; then rm -rf "$WORK"; fi
   exit "$rc"
@@ -311,6 +331,8 @@ run_cargo_test() {
     clean_stray_mounts
   fi
 }
+# One S3 server for every test that needs one (started once per run).
+step "start a private S3 server (Ceph radosgw) for the run" s3_start
 run_cargo_test "$MAIN_TRANSPORT" --workspace
 # The integration tests (every real mount) once more over /dev/fuse.
 if [ "$MAIN_TRANSPORT" != dev ]; then run_cargo_test dev --workspace --test '*'; fi

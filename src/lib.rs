@@ -19,5 +19,6 @@ pub mod format;
 pub mod fsck;
 pub mod fuse;
 pub mod meta;
+pub mod objstore;
 pub use safs_control::mountinfo;
 pub mod process;

@@ -1,0 +1,322 @@
+//! The object store that holds file contents on volumes formatted with
+//! `--data s3://...` (any store with Amazon S3's API: AWS, Ceph radosgw,
+//! MinIO, SeaweedFS...): a blocking client for the daemon's threads over
+//! Apache Arrow's `object_store` (its own runtime, signing and retries),
+//! with every call bounded in time and every failure said in one line.
+//!
+//! Keys live under the URL's prefix; what they hold (immutable content
+//! blocks) is the data layer's business, not this client's.
+
+mod config;
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path as Key;
+use object_store::{ClientOptions, ObjectStore as _, ObjectStoreExt as _, PutPayload, RetryConfig};
+
+pub use config::{StoreConfig, StoreUrl};
+
+/// Why a call to the store failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("{url}: not an object store URL ({why}); give s3://BUCKET or s3://BUCKET/PREFIX")]
+    BadUrl { url: String, why: String },
+    #[error(
+        "no credentials for {url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, \
+         or put them in profile [{profile}] of ~/.aws/credentials"
+    )]
+    NoCredentials { url: String, profile: String },
+    #[error("AWS_ENDPOINT_URL {0}: it must start with http:// or https://")]
+    BadEndpoint(String),
+    #[error("cannot reach the object store at {endpoint}: {detail}")]
+    Unreachable { endpoint: String, detail: String },
+    #[error(
+        "the object store at {endpoint} refused the credentials (access key {access_key}): {detail}"
+    )]
+    Refused {
+        endpoint: String,
+        access_key: String,
+        detail: String,
+    },
+    #[error(
+        "bucket {bucket} does not exist at {endpoint}: create it with your store's tools \
+         (e.g. s3cmd mb s3://{bucket})"
+    )]
+    NoBucket { bucket: String, endpoint: String },
+    #[error("object {0} not found in the store")]
+    NotFound(String),
+    #[error("the object store at {endpoint} did not answer within {timeout:?}")]
+    Timeout { endpoint: String, timeout: Duration },
+    #[error("object store at {endpoint}: {detail}")]
+    Other { endpoint: String, detail: String },
+}
+
+impl StoreError {
+    /// What a file operation that met this error fails with.
+    pub fn errno(&self) -> i32 {
+        match self {
+            StoreError::NotFound(_) => libc::ENOENT,
+            _ => libc::EIO,
+        }
+    }
+}
+
+/// Bounds on each call.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// A call that has not succeeded after this long fails (retries
+    /// included): `-o data_timeout=`.
+    pub timeout: Duration,
+    /// How long a connection may take to open.
+    pub connect: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            timeout: Duration::from_secs(30),
+            connect: Duration::from_secs(5),
+        }
+    }
+}
+
+/// An object's key (under the prefix) and size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    pub key: String,
+    pub size: u64,
+}
+
+/// A client of one bucket and prefix.
+pub struct Store {
+    s3: Arc<AmazonS3>,
+    /// The client's own: the daemon's threads call in and wait.
+    rt: tokio::runtime::Runtime,
+    config: StoreConfig,
+    limits: Limits,
+}
+
+impl Store {
+    pub fn new(config: StoreConfig, limits: Limits) -> Result<Store, StoreError> {
+        let mut b = AmazonS3Builder::new()
+            .with_bucket_name(&config.url.bucket)
+            .with_region(&config.region)
+            .with_access_key_id(&config.access_key)
+            .with_secret_access_key(&config.secret_key)
+            .with_client_options(
+                ClientOptions::new()
+                    .with_connect_timeout(limits.connect)
+                    .with_timeout(limits.timeout),
+            )
+            .with_retry(RetryConfig {
+                max_retries: 10,
+                retry_timeout: limits.timeout,
+                ..RetryConfig::default()
+            });
+        if let Some(t) = &config.session_token {
+            b = b.with_token(t);
+        }
+        if let Some(e) = &config.endpoint {
+            // Stores other than AWS: path-style, and plain HTTP if asked.
+            b = b
+                .with_endpoint(e)
+                .with_virtual_hosted_style_request(false)
+                .with_allow_http(e.starts_with("http://"));
+        }
+        let s3 = b.build().map_err(|e| StoreError::Other {
+            endpoint: config.endpoint_name(),
+            detail: e.to_string(),
+        })?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("safs-store")
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::Other {
+                endpoint: config.endpoint_name(),
+                detail: format!("cannot start the client's runtime: {e}"),
+            })?;
+        Ok(Store {
+            s3: Arc::new(s3),
+            rt,
+            config,
+            limits,
+        })
+    }
+
+    pub fn url(&self) -> &StoreUrl {
+        &self.config.url
+    }
+
+    /// Checks that the endpoint answers, takes the credentials and has the
+    /// bucket: one listing of at most a page under the prefix.
+    pub fn check(&self) -> Result<(), StoreError> {
+        let prefix = self.key("")?;
+        self.call(None, async {
+            self.s3.list_with_delimiter(Some(&prefix)).await.map(drop)
+        })
+    }
+
+    /// Stores `data` as object `key` (whole: objects are never changed).
+    pub fn put(&self, key: &str, data: Vec<u8>) -> Result<(), StoreError> {
+        let k = self.key(key)?;
+        self.call(Some(key), async {
+            self.s3.put(&k, PutPayload::from(data)).await.map(drop)
+        })
+    }
+
+    /// The whole of object `key`.
+    pub fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
+        let k = self.key(key)?;
+        self.call(Some(key), async {
+            Ok(self.s3.get(&k).await?.bytes().await?.to_vec())
+        })
+    }
+
+    /// Bytes `range` of object `key` (short at its end).
+    pub fn get_range(&self, key: &str, range: Range<u64>) -> Result<Vec<u8>, StoreError> {
+        let k = self.key(key)?;
+        self.call(Some(key), async {
+            Ok(self.s3.get_range(&k, range).await?.to_vec())
+        })
+    }
+
+    /// Deletes object `key`; one already gone is no error.
+    pub fn delete(&self, key: &str) -> Result<(), StoreError> {
+        let k = self.key(key)?;
+        match self.call(Some(key), async { self.s3.delete(&k).await }) {
+            Err(StoreError::NotFound(_)) => Ok(()),
+            r => r,
+        }
+    }
+
+    /// Every object under `under` (a key prefix below the URL's prefix),
+    /// in key order.
+    pub fn list(&self, under: &str) -> Result<Vec<Listed>, StoreError> {
+        let prefix = self.key(under)?;
+        let strip = self.key("")?.to_string();
+        let mut found: Vec<Listed> = self.call(None, async {
+            self.s3
+                .list(Some(&prefix))
+                .map_ok(|m| Listed {
+                    key: m
+                        .location
+                        .as_ref()
+                        .strip_prefix(strip.as_str())
+                        .unwrap_or(m.location.as_ref())
+                        .trim_start_matches('/')
+                        .to_string(),
+                    size: m.size,
+                })
+                .try_collect()
+                .await
+        })?;
+        found.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(found)
+    }
+
+    /// `key` under the URL's prefix.
+    fn key(&self, key: &str) -> Result<Key, StoreError> {
+        let full = match (self.config.url.prefix.as_str(), key) {
+            ("", k) => k.to_string(),
+            (p, "") => p.to_string(),
+            (p, k) => format!("{p}/{k}"),
+        };
+        Key::parse(&full).map_err(|e| StoreError::Other {
+            endpoint: self.config.endpoint_name(),
+            detail: format!("key {full}: {e}"),
+        })
+    }
+
+    /// Runs `fut` on the client's runtime, bounded by the timeout, and says
+    /// what a failure was.
+    fn call<T>(
+        &self,
+        key: Option<&str>,
+        fut: impl std::future::Future<Output = object_store::Result<T>>,
+    ) -> Result<T, StoreError> {
+        // A margin over the client's own bound, which covers its retries.
+        let bound = self.limits.timeout + Duration::from_secs(1);
+        match self
+            .rt
+            .block_on(async { tokio::time::timeout(bound, fut).await })
+        {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(self.classify(key, e)),
+            Err(_) => Err(StoreError::Timeout {
+                endpoint: self.config.endpoint_name(),
+                timeout: self.limits.timeout,
+            }),
+        }
+    }
+
+    fn classify(&self, key: Option<&str>, e: object_store::Error) -> StoreError {
+        let endpoint = self.config.endpoint_name();
+        let detail = chain(&e);
+        let has = |s: &str| detail.contains(s);
+        if has("NoSuchBucket") {
+            return StoreError::NoBucket {
+                bucket: self.config.url.bucket.clone(),
+                endpoint,
+            };
+        }
+        if matches!(
+            e,
+            object_store::Error::Unauthenticated { .. }
+                | object_store::Error::PermissionDenied { .. }
+        ) || has("InvalidAccessKeyId")
+            || has("SignatureDoesNotMatch")
+            || has("AccessDenied")
+        {
+            return StoreError::Refused {
+                endpoint,
+                access_key: self.config.access_key.clone(),
+                detail: first_line(&detail),
+            };
+        }
+        if let (object_store::Error::NotFound { .. }, Some(k)) = (&e, key) {
+            return StoreError::NotFound(k.to_string());
+        }
+        if has("error sending request")
+            || has("Connection refused")
+            || has("dns error")
+            || has("timed out")
+            || has("connection closed")
+        {
+            return StoreError::Unreachable {
+                endpoint,
+                detail: first_line(&detail),
+            };
+        }
+        StoreError::Other {
+            endpoint,
+            detail: first_line(&detail),
+        }
+    }
+}
+
+/// An error and its sources, as one string.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// A message short enough for a log line or a terminal.
+fn first_line(s: &str) -> String {
+    let line = s.lines().next().unwrap_or_default();
+    match line.char_indices().nth(400) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line.to_string(),
+    }
+}
