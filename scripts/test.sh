@@ -71,6 +71,8 @@ have stress-ng || need+=(stress-ng)
 # with radosgw (crates/safs-s3server), and s3cmd to make buckets.
 have radosgw || need+=(radosgw ceph-mon ceph-osd ceph-common)
 have s3cmd || need+=(s3cmd)
+# Prometheus and promtool scrape and check `-o metrics=` (tests/mount_metrics.rs).
+have promtool || need+=(prometheus)
 [ -e /usr/include/sys/acl.h ] || need+=(libacl1-dev) # pjdfstest links libacl
 if ! have cargo && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ]; then
   have curl || need+=(curl ca-certificates)

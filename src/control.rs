@@ -109,56 +109,60 @@ pub fn serve(
     })
 }
 
+/// What the daemon has served and holds now: the reply to `stats`, and
+/// what `-o metrics=` exports.
+pub fn stats_reply(fs: &Fs, stats: &Stats) -> StatsReply {
+    let cache = fs.cache_figures();
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    StatsReply {
+        pid: std::process::id(),
+        ops: stats.report(),
+        cached_inodes: cache.inodes,
+        inode_cache_capacity: cache.inode_capacity,
+        peak_rss_kib: status_kib(&status, "VmHWM"),
+        rss_anon_kib: status_kib(&status, "RssAnon"),
+        cache_bytes: cache.bytes as u64,
+        cache_budget_bytes: cache.byte_budget as u64,
+        dircache_dirs: cache.dirs as u64,
+        dircache_bytes: cache.dir_bytes as u64,
+        dircache_budget_bytes: cache.dir_budget as u64,
+        engine: {
+            let e = fs.engine_counters();
+            safs_control::EngineCounters {
+                gets: e.gets,
+                scans: e.scans,
+                commits: e.commits,
+            }
+        },
+        uring_queues: stats.transport.uring_queues(),
+        inline_bytes: fs.inline_budget() as u64,
+        commits: Some({
+            let h = fs.health();
+            Health {
+                failure: h.failure,
+                failing_for_s: h.failing_for_s,
+                waiting_records: h.waiting_records,
+                held_bytes: h.held_bytes,
+                need_bytes: h.need_bytes,
+            }
+        }),
+        broken_counts: fs.broken_counts(),
+        hist_bounds_us: (0..safs_control::BUCKETS)
+            .map(safs_control::bucket_bound_us)
+            .collect(),
+    }
+}
+
 fn handle(conn: UnixStream, fs: &Fs, stats: &Stats) -> std::io::Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(10)))?;
     let mut line = String::new();
     BufReader::new(&conn).read_line(&mut line)?;
     let reply = match line.trim() {
-        "stats" => {
-            let cache = fs.cache_figures();
-            let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-            Reply {
-                ok: true,
-                error: None,
-                stats: Some(StatsReply {
-                    pid: std::process::id(),
-                    ops: stats.report(),
-                    cached_inodes: cache.inodes,
-                    inode_cache_capacity: cache.inode_capacity,
-                    peak_rss_kib: status_kib(&status, "VmHWM"),
-                    rss_anon_kib: status_kib(&status, "RssAnon"),
-                    cache_bytes: cache.bytes as u64,
-                    cache_budget_bytes: cache.byte_budget as u64,
-                    dircache_dirs: cache.dirs as u64,
-                    dircache_bytes: cache.dir_bytes as u64,
-                    dircache_budget_bytes: cache.dir_budget as u64,
-                    engine: {
-                        let e = fs.engine_counters();
-                        safs_control::EngineCounters {
-                            gets: e.gets,
-                            scans: e.scans,
-                            commits: e.commits,
-                        }
-                    },
-                    uring_queues: stats.transport.uring_queues(),
-                    inline_bytes: fs.inline_budget() as u64,
-                    commits: Some({
-                        let h = fs.health();
-                        Health {
-                            failure: h.failure,
-                            failing_for_s: h.failing_for_s,
-                            waiting_records: h.waiting_records,
-                            held_bytes: h.held_bytes,
-                            need_bytes: h.need_bytes,
-                        }
-                    }),
-                    broken_counts: fs.broken_counts(),
-                    hist_bounds_us: (0..safs_control::BUCKETS)
-                        .map(safs_control::bucket_bound_us)
-                        .collect(),
-                }),
-            }
-        }
+        "stats" => Reply {
+            ok: true,
+            error: None,
+            stats: Some(stats_reply(fs, stats)),
+        },
         "sync" => match fs.sync() {
             Ok(()) => Reply::done(),
             Err(e) => Reply::failed(e.to_string()),

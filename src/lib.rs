@@ -19,6 +19,7 @@ pub mod format;
 pub mod fsck;
 pub mod fuse;
 pub mod meta;
+pub mod metrics;
 pub mod objstore;
 pub use safs_control::mountinfo;
 pub mod process;

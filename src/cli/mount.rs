@@ -48,7 +48,9 @@ pub struct MountArgs {
     /// it, the default, or required, or /dev/fuse reads and writes),
     /// dircache=0|1 (the directory cache, half of cache_mb at most; on by
     /// default for encrypted and PostgreSQL volumes), passphrase_file=FILE (the passphrase of an encrypted volume, e.g.
-    /// in /etc/fstab; encrypted volumes refuse passthrough).
+    /// in /etc/fstab; encrypted volumes refuse passthrough),
+    /// metrics=ADDRESS:PORT (serve Prometheus metrics at
+    /// http://ADDRESS:PORT/metrics, e.g. metrics=127.0.0.1:9567).
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
     /// Read the passphrase of an encrypted volume from FILE (its whole
@@ -85,6 +87,8 @@ struct MountOpts {
     /// `None`: the core's default (on for encrypted volumes).
     dircache: Option<bool>,
     passphrase_file: Option<PathBuf>,
+    /// Where to serve Prometheus metrics (`None`: nowhere).
+    metrics: Option<std::net::SocketAddr>,
 }
 
 impl MountOpts {
@@ -133,6 +137,7 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
         cache_mb: 256,
         dircache: None,
         passphrase_file: None,
+        metrics: None,
     };
     for opt in raw
         .iter()
@@ -207,6 +212,13 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
                     Some("1") => Some(true),
                     _ => bail!("option dircache needs 0 or 1 (dircache=0 turns it off)"),
                 }
+            }
+            "metrics" => {
+                o.metrics = Some(val.and_then(|v| v.parse().ok()).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "option metrics needs ADDRESS:PORT (e.g. metrics=127.0.0.1:9567)"
+                    )
+                })?)
             }
             "passphrase_file" => match val {
                 Some(f) if !f.is_empty() => o.passphrase_file = Some(PathBuf::from(f)),
@@ -547,6 +559,11 @@ fn serve(
     let fs = Arc::new(fs);
 
     let stats = Arc::new(safs::fuse::stats::Stats::default());
+    // Before the control socket: a failure here leaves nothing behind.
+    if let Some(addr) = o.metrics {
+        safs::metrics::serve(addr, Arc::clone(&fs), Arc::clone(&stats))
+            .with_context(|| format!("cannot serve metrics on {addr}"))?;
+    }
     let control = safs::control::serve(volume, mountpoint, Arc::clone(&fs), Arc::clone(&stats))
         .context("cannot open the control socket")?;
     let mut session = Session::mount(Arc::clone(&fs), mountpoint, &o.session(volume), stats)

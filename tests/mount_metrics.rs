@@ -1,0 +1,194 @@
+//! `-o metrics=ADDRESS:PORT`: a real mount serves Prometheus's text format
+//! at /metrics; `promtool check metrics` accepts it, a real Prometheus
+//! server (Debian's) scrapes it and answers a query with the daemon's
+//! figures, and a bad address or a port already taken fails the mount
+//! with a message, leaving nothing mounted.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `GET path` from 127.0.0.1:`port`: (status line, body).
+fn http_get(port: u16, path: &str) -> (String, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (
+        head.lines().next().unwrap_or_default().to_string(),
+        body.to_string(),
+    )
+}
+
+/// The value of the sample line `name` (exactly, labels included).
+fn value(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn metrics_are_served_checked_by_promtool_and_scraped_by_prometheus() {
+    let port = free_port();
+    let v = TestVolume::with_options(&[&format!("metrics=127.0.0.1:{port}")]);
+    for i in 0..40 {
+        let f = v.path(format!("f{i}"));
+        write_file(&f, b"x");
+        setxattr(&f, "user.a", b"1", 0).unwrap();
+        getxattr(&f, "user.a").unwrap();
+    }
+    let (status, text) = http_get(port, "/metrics");
+    assert!(status.contains("200"), "{status}");
+    assert!(
+        value(&text, "safs_requests_total{op=\"setxattr\"}").unwrap() >= 40.0,
+        "{text}"
+    );
+    // Each histogram's +Inf bucket is its count.
+    for l in text
+        .lines()
+        .filter(|l| l.starts_with("safs_request_duration_seconds_count{"))
+    {
+        let op = &l["safs_request_duration_seconds_count{".len()..l.find('}').unwrap()];
+        let count: f64 = l.rsplit(' ').next().unwrap().parse().unwrap();
+        let inf = value(
+            &text,
+            &format!("safs_request_duration_seconds_bucket{{{op},le=\"+Inf\"}}"),
+        );
+        assert_eq!(inf, Some(count), "{op}");
+    }
+    assert!(value(&text, "safs_engine_commits_total").unwrap() > 0.0);
+    assert_eq!(value(&text, "safs_commits_failing"), Some(0.0));
+    assert!(http_get(port, "/").0.contains("404"));
+
+    // promtool's linter accepts the exposition.
+    let mut check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (apt-get install prometheus)");
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = check.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A real Prometheus scrapes it every second.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: safs\n    \
+             static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
+        ),
+    )
+    .unwrap();
+    let web = free_port();
+    let server = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{web}"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("prometheus.log")).unwrap())
+        .spawn()
+        .expect("prometheus (apt-get install prometheus)");
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _server = Stop(server);
+    let query = "/api/v1/query?query=safs_requests_total%7Bop%3D%22setxattr%22%7D";
+    let scraped = wait_until(Duration::from_secs(60), || {
+        TcpStream::connect(("127.0.0.1", web)).is_ok() && {
+            let (_, body) = http_get(web, query);
+            body.contains("\"job\":\"safs\"") && body.contains("\"op\":\"setxattr\"")
+        }
+    });
+    assert!(
+        scraped,
+        "Prometheus never had the sample: {}\nlog: {}",
+        http_get(web, query).1,
+        std::fs::read_to_string(dir.path().join("prometheus.log")).unwrap_or_default()
+    );
+    let (_, body) = http_get(web, query);
+    // "value":[<time>,"<n>"]: the count the daemon served.
+    let n: f64 = body
+        .rsplit_once(",\"")
+        .and_then(|(_, v)| v.split('"').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{body}"));
+    assert!(n >= 40.0, "{body}");
+}
+
+#[test]
+fn a_bad_metrics_address_or_a_taken_port_fails_the_mount_clearly() {
+    let v = TestVolume::formatted(&[]);
+    let mount = |opt: &str| {
+        safs([
+            "mount",
+            v.vol().to_str().unwrap(),
+            v.mnt().to_str().unwrap(),
+            "-o",
+            opt,
+        ])
+    };
+    for bad in [
+        "metrics",
+        "metrics=",
+        "metrics=localhost",
+        "metrics=127.0.0.1:99999",
+    ] {
+        let out = mount(bad);
+        out.assert_failure_with_message(bad);
+        assert!(out.stderr.contains("ADDRESS:PORT"), "{bad}: {}", out.stderr);
+        assert!(!is_fuse_mounted(v.mnt()), "{bad}");
+    }
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let out = mount(&format!("metrics=127.0.0.1:{port}"));
+    out.assert_failure_with_message("a taken port");
+    assert!(
+        out.stderr
+            .contains(&format!("cannot serve metrics on 127.0.0.1:{port}")),
+        "{}",
+        out.stderr
+    );
+    assert!(!is_fuse_mounted(v.mnt()));
+    assert!(wait_until(Duration::from_secs(10), || {
+        !v.vol().join("control.sock").exists()
+    }));
+}
