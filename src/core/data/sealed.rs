@@ -175,6 +175,7 @@ impl Sealed<'_> {
         if data.is_empty() {
             return Ok(());
         }
+        self.fits(offset.checked_add(data.len() as u64))?;
         let size = self.size()?;
         let (b, unit) = (self.layout().block(), self.layout().unit());
         let end = offset + data.len() as u64;
@@ -252,6 +253,7 @@ impl Sealed<'_> {
 
     /// Sets the plaintext size to `new`.
     pub fn set_len(&self, new: u64) -> io::Result<()> {
+        self.fits(Some(new))?;
         let size = self.size()?;
         let layout = self.layout();
         if new > size {
@@ -314,6 +316,7 @@ impl Sealed<'_> {
         if end == offset {
             return Ok(());
         }
+        self.fits(offset.checked_add(len))?;
         let (b, unit) = (self.layout().block(), self.layout().unit());
         let start = offset / b * unit;
         let stop = end.div_ceil(b) * unit;
@@ -324,6 +327,20 @@ impl Sealed<'_> {
             (stop - start) as i64,
         )
         .map_err(io::Error::from)
+    }
+
+    /// `EFBIG` unless contents ending at `end` (`None`: past `u64`) have a
+    /// sealed length a file offset can hold. Sealing adds 28 bytes per
+    /// 4,068, so near 8 EiB of plaintext the sealed offset passes
+    /// `i64::MAX`, where the kernel would answer `EINVAL` (or worse) for
+    /// what is, to the caller, a file too large.
+    fn fits(&self, end: Option<u64>) -> io::Result<()> {
+        let l = self.layout();
+        let sealed = end.map(|e| (u128::from(e / l.block()) + 1) * u128::from(l.unit()));
+        match sealed {
+            Some(s) if s <= i64::MAX as u128 => Ok(()),
+            _ => Err(io::Error::from_raw_os_error(libc::EFBIG)),
+        }
     }
 
     /// The plaintext size (for `lseek` and recovery).
@@ -632,6 +649,26 @@ mod tests {
         ] {
             assert_eq!(s.seek(at, size, data).ok(), want, "from {at}, data {data}");
         }
+    }
+
+    /// Offsets whose sealed place no file offset can hold are `EFBIG`, as
+    /// any file too large (xfstests generic/564: a copy to 8 EiB - 64 KiB).
+    #[test]
+    fn contents_past_what_a_sealed_offset_can_hold_are_efbig() {
+        let cipher = BlockCipher::new(&Zeroizing::new([3u8; 32]), BlockLayout::PAGE);
+        let file = tempfile::tempfile().unwrap();
+        let s = Sealed {
+            cipher: &cipher,
+            file: &file,
+            ino: 80,
+        };
+        let max_off = 8 * (1u64 << 60) - 65_536 - 1;
+        let efbig = |r: io::Result<()>| r.unwrap_err().raw_os_error();
+        assert_eq!(efbig(s.write(max_off, b"x")), Some(libc::EFBIG));
+        assert_eq!(efbig(s.set_len(max_off)), Some(libc::EFBIG));
+        assert_eq!(efbig(s.reserve(max_off, 10)), Some(libc::EFBIG));
+        assert_eq!(efbig(s.write(u64::MAX - 1, b"xy")), Some(libc::EFBIG));
+        assert_eq!(s.len().unwrap(), 0, "nothing written");
     }
 
     #[test]
