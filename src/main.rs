@@ -3,7 +3,7 @@
 
 mod cli;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -19,12 +19,12 @@ fn main() {
         .unwrap_or_default();
     // mount.fuse3 runs `safs <volume> <mountpoint> -o opts` for fstab
     // entries of the `safs#<volume>` form: no subcommand, two paths.
-    let helper_form = args.len() >= 3
-        && !args[1].starts_with('-')
-        && ![
-            "format", "mount", "info", "sync", "fsck", "bench", "man", "help", "passwd",
-        ]
-        .contains(&args[1].as_str());
+    // The subcommands are clap's own list: one written out here missed
+    // `upgrade` (and would have missed every command added since).
+    let helper_form = args.len() >= 3 && !args[1].starts_with('-') && {
+        let cmd = cli::Cli::command();
+        !(args[1] == "help" || cmd.get_subcommands().any(|c| c.get_name() == args[1]))
+    };
     let result = if argv0.starts_with("mount.fuse.safs") || argv0 == "mount.safs" || helper_form {
         cli::run_mount_helper(args).map(|()| 0)
     } else {

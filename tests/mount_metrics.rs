@@ -192,3 +192,76 @@ fn a_bad_metrics_address_or_a_taken_port_fails_the_mount_clearly() {
         !v.vol().join("control.sock").exists()
     }));
 }
+
+/// `safs stats`: frames with the interval's requests per operation; it
+/// ends after `--count` frames, on Ctrl-C, and when the mount goes away
+/// (saying so), each with exit 0; an unmounted volume is an error.
+#[test]
+fn safs_stats_shows_live_rates_and_ends_cleanly() {
+    let mut v = TestVolume::new();
+    let f = v.path("f");
+    write_file(&f, b"x");
+    setxattr(&f, "user.a", b"1", 0).unwrap();
+    let busy = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let load = {
+        let (busy, f) = (std::sync::Arc::clone(&busy), f.clone());
+        std::thread::spawn(move || {
+            while busy.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = getxattr(&f, "user.a");
+            }
+        })
+    };
+    let mnt = v.mnt().to_str().unwrap().to_string();
+    let out = safs(["stats", &mnt, "--interval", "0.3", "--count", "2"]);
+    busy.store(false, std::sync::atomic::Ordering::Relaxed);
+    load.join().unwrap();
+    out.assert_success("safs stats --count 2");
+    assert_eq!(
+        out.stdout.matches("safs stats: ").count(),
+        2,
+        "{}",
+        out.stdout
+    );
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("getxattr"))
+        .unwrap_or_else(|| panic!("{}", out.stdout));
+    let rate: f64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(rate > 10.0, "{line}");
+
+    // Ctrl-C ends it at once.
+    let spawn = || {
+        Command::new(env!("CARGO_BIN_EXE_safs"))
+            .args(["stats", &mnt, "--interval", "0.2"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let child = spawn();
+    std::thread::sleep(Duration::from_millis(500));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "after Ctrl-C: {:?}", out.status);
+
+    // The mount goes away under it.
+    let child = spawn();
+    std::thread::sleep(Duration::from_millis(500));
+    v.unmount();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{:?}", out.status);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("the mount went away"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    let out = safs(["stats", v.vol().to_str().unwrap()]);
+    out.assert_failure_with_message("safs stats of an unmounted volume");
+    assert!(out.stderr.contains("not mounted"), "{}", out.stderr);
+}

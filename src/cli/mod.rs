@@ -9,6 +9,7 @@ mod man;
 mod mount;
 mod passphrase;
 mod passwd;
+mod stats;
 
 use std::path::{Path, PathBuf};
 
@@ -43,6 +44,9 @@ pub enum Command {
     /// Make every change on a mounted safs durable (what sync(1) cannot do
     /// for FUSE filesystems).
     Sync(SyncArgs),
+    /// A live view of a mounted safs: requests per second and their mean
+    /// time per operation, engine reads and commits, caches, memory.
+    Stats(stats::StatsArgs),
     /// Measure safs beside other filesystems: the tables T1–T12 of
     /// docs/benchmarks.md, with FUSE requests per operation (see --setup).
     Bench(bench::BenchArgs),
@@ -77,6 +81,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             | Command::Sync(_)
             | Command::Passwd(_)
             | Command::Upgrade(_)
+            | Command::Stats(_)
     ) {
         safs::process::default_sigpipe();
     }
@@ -95,6 +100,7 @@ fn run_plain(command: Command) -> anyhow::Result<()> {
         Command::Passwd(a) => passwd::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Man(a) => man::run(a),
+        Command::Stats(a) => stats::run(a),
         Command::Sync(a) => {
             let (vol, mountpoint) = info::resolve(&a.path)?;
             let sock = match mountpoint {
