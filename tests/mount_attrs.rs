@@ -627,33 +627,29 @@ fn fallocate_punch_and_zero_by_other_user_clear_setid_bits() {
         for (before, after) in cases {
             write_file(&f, &[0x58; 192 * 1024]);
             chmod(&f, before);
-            as_user(&u.u1, || {
-                let file = OpenOptions::new().write(true).open(&f).errno()?;
-                nix::fcntl::fallocate(
-                    &file,
-                    nix::fcntl::FallocateFlags::from_bits_retain(flag),
-                    65_536,
-                    65_536,
-                )
-                .map_err(|e| Errno::from_raw(e as i32))
-            })
-            .unwrap_or_else(|e| panic!("{what} by u1 on {before:o}: {e}"));
+            as_user(&u.u1, || falloc(&f, flag, 65_536, 65_536))
+                .unwrap_or_else(|e| panic!("{what} by u1 on {before:o}: {e}"));
             assert_eq!(perm(&f), after, "{what} by u1 on {before:o}");
             // Root (CAP_FSETID) keeps them.
             chmod(&f, before);
-            let file = OpenOptions::new().write(true).open(&f).unwrap();
-            nix::fcntl::fallocate(
-                &file,
-                nix::fcntl::FallocateFlags::from_bits_retain(flag),
-                0,
-                4096,
-            )
-            .unwrap();
+            falloc(&f, flag, 0, 4096).unwrap();
             assert_eq!(perm(&f), before, "{what} by root on {before:o}");
         }
     }
     v.remount();
     assert_eq!(perm(&f), 0o2666);
+}
+
+/// `fallocate(flag, offset, len)` of `f`, opened for writing.
+fn falloc(f: &Path, flag: i32, offset: i64, len: i64) -> Result<(), Errno> {
+    let file = OpenOptions::new().write(true).open(f).errno()?;
+    nix::fcntl::fallocate(
+        &file,
+        nix::fcntl::FallocateFlags::from_bits_retain(flag),
+        offset,
+        len,
+    )
+    .map_err(|e| Errno::from_raw(e as i32))
 }
 
 /// One change of a file's contents, made by the caller on `f`.
@@ -662,16 +658,6 @@ type ContentChange = fn(&Path) -> Result<(), Errno>;
 /// Every change of a file's contents a user without CAP_FSETID can make
 /// through the daemon (an encrypted volume's only data path).
 fn content_changes() -> Vec<(&'static str, ContentChange)> {
-    fn falloc(f: &Path, flag: i32) -> Result<(), Errno> {
-        let file = OpenOptions::new().write(true).open(f).errno()?;
-        nix::fcntl::fallocate(
-            &file,
-            nix::fcntl::FallocateFlags::from_bits_retain(flag),
-            4096,
-            8192,
-        )
-        .map_err(|e| Errno::from_raw(e as i32))
-    }
     vec![
         ("write", |f| {
             let file = OpenOptions::new().write(true).open(f).errno()?;
@@ -696,14 +682,21 @@ fn content_changes() -> Vec<(&'static str, ContentChange)> {
                 .errno()
                 .map(drop)
         }),
-        ("fallocate", |f| falloc(f, 0)),
+        ("fallocate", |f| falloc(f, 0, 4096, 8192)),
         ("fallocate keep-size", |f| {
-            falloc(f, libc::FALLOC_FL_KEEP_SIZE)
+            falloc(f, libc::FALLOC_FL_KEEP_SIZE, 4096, 8192)
         }),
         ("punch hole", |f| {
-            falloc(f, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
+            falloc(
+                f,
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                4096,
+                8192,
+            )
         }),
-        ("zero range", |f| falloc(f, libc::FALLOC_FL_ZERO_RANGE)),
+        ("zero range", |f| {
+            falloc(f, libc::FALLOC_FL_ZERO_RANGE, 4096, 8192)
+        }),
         ("copy_file_range into it", |f| {
             let src = f.with_file_name("source");
             let from = File::open(&src).errno()?;

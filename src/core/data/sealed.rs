@@ -518,6 +518,37 @@ mod tests {
         ]
     }
 
+    /// Applies `op` to `s` and to `model`; for a read, what each gave.
+    fn apply(s: &Sealed, model: &mut Vec<u8>, op: Op) -> Option<(Vec<u8>, Vec<u8>)> {
+        match op {
+            Op::Write(o, d) => {
+                s.write(o, &d).unwrap();
+                let end = o as usize + d.len();
+                if model.len() < end {
+                    model.resize(end, 0);
+                }
+                model[o as usize..end].copy_from_slice(&d);
+            }
+            Op::SetLen(n) => {
+                s.set_len(n).unwrap();
+                model.resize(n as usize, 0);
+            }
+            Op::Zero(o, l) => {
+                s.zero(o, l).unwrap();
+                let end = ((o + l) as usize).min(model.len());
+                if (o as usize) < end {
+                    model[o as usize..end].fill(0);
+                }
+            }
+            Op::Read(o, l) => {
+                let end = ((o + l) as usize).min(model.len());
+                let want = model.get(o as usize..end).unwrap_or_default().to_vec();
+                return Some((s.read(o, l).unwrap(), want));
+            }
+        }
+        None
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
         /// Every operation agrees with a plain byte vector.
@@ -532,25 +563,8 @@ mod tests {
             let s = Sealed { cipher: &cipher, file: &file, ino: 77 };
             let mut model: Vec<u8> = Vec::new();
             for op in ops {
-                match op {
-                    Op::Write(o, d) => {
-                        s.write(o, &d).unwrap();
-                        let end = o as usize + d.len();
-                        if model.len() < end { model.resize(end, 0); }
-                        model[o as usize..end].copy_from_slice(&d);
-                    }
-                    Op::SetLen(n) => { s.set_len(n).unwrap(); model.resize(n as usize, 0); }
-                    Op::Zero(o, l) => {
-                        s.zero(o, l).unwrap();
-                        let end = ((o + l) as usize).min(model.len());
-                        if (o as usize) < end { model[o as usize..end].fill(0); }
-                    }
-                    Op::Read(o, l) => {
-                        let got = s.read(o, l).unwrap();
-                        let end = ((o + l) as usize).min(model.len());
-                        let want = if (o as usize) < end { &model[o as usize..end] } else { &[][..] };
-                        prop_assert_eq!(got, want);
-                    }
+                if let Some((got, want)) = apply(&s, &mut model, op) {
+                    prop_assert_eq!(got, want);
                 }
                 prop_assert_eq!(s.len().unwrap(), model.len() as u64);
                 prop_assert_eq!(file.metadata().unwrap().len(), layout.sealed_len(model.len() as u64));
@@ -591,21 +605,7 @@ mod tests {
             let s = Sealed { cipher: &cipher, file: &file, ino: 78 };
             let mut model: Vec<u8> = Vec::new();
             for op in ops {
-                match op {
-                    Op::Write(o, d) => {
-                        s.write(o, &d).unwrap();
-                        let end = o as usize + d.len();
-                        if model.len() < end { model.resize(end, 0); }
-                        model[o as usize..end].copy_from_slice(&d);
-                    }
-                    Op::SetLen(n) => { s.set_len(n).unwrap(); model.resize(n as usize, 0); }
-                    Op::Zero(o, l) => {
-                        s.zero(o, l).unwrap();
-                        let end = ((o + l) as usize).min(model.len());
-                        if (o as usize) < end { model[o as usize..end].fill(0); }
-                    }
-                    Op::Read(..) => {}
-                }
+                apply(&s, &mut model, op);
             }
             let size = model.len() as u64;
             for at in probes.into_iter().filter(|&at| at < size) {
