@@ -26,7 +26,12 @@ fn server(name: &str) -> Server {
         .tempdir_in("/tmp")
         .unwrap();
     let rgw = TempRgw::shared_or_start(dir.path()).unwrap_or_else(|e| panic!("{e}"));
-    let bucket = format!("safs-{name}-{}", std::process::id());
+    // Unique across runs that share one server (a pid can come again).
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let bucket = format!("safs-{name}-{stamp:x}");
     rgw.create_bucket(&bucket).unwrap_or_else(|e| panic!("{e}"));
     Server {
         rgw,
