@@ -152,6 +152,50 @@ fn metrics_are_served_checked_by_promtool_and_scraped_by_prometheus() {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("{body}"));
     assert!(n >= 40.0, "{body}");
+
+    // Every query of the Grafana dashboard in docs/ is one Prometheus
+    // takes, and it answers it with data from this mount.
+    let dash: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/docs/grafana/safs-dashboard.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let exprs: Vec<String> = dash["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter())
+        .map(|t| t["expr"].as_str().unwrap().replace("$instance", ".*"))
+        .collect();
+    assert!(exprs.len() >= 9);
+    for e in &exprs {
+        let (_, body) = http_get(web, &format!("/api/v1/query?query={}", encode(e)));
+        assert!(body.contains("\"status\":\"success\""), "{e}: {body}");
+    }
+    // A rate needs two scrapes of the series.
+    let rates = format!("/api/v1/query?query={}", encode(&exprs[0]));
+    let has = || http_get(web, &rates).1.contains("\"op\":\"getxattr\"");
+    assert!(
+        wait_until(Duration::from_secs(30), has),
+        "{}: {}",
+        exprs[0],
+        http_get(web, &rates).1
+    );
+}
+
+/// `s` percent-encoded for a URL's query.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 #[test]
