@@ -147,6 +147,10 @@ pub fn stats_reply(fs: &Fs, stats: &Stats) -> StatsReply {
             }
         }),
         broken_counts: fs.broken_counts(),
+        lease: fs.lease_figures().map(|l| safs_control::LeaseReport {
+            takes: l.takes,
+            wait_ns: l.wait_ns,
+        }),
         hist_bounds_us: (0..safs_control::BUCKETS)
             .map(safs_control::bucket_bound_us)
             .collect(),

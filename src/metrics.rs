@@ -232,6 +232,22 @@ pub fn render(s: &StatsReply) -> String {
             let _ = writeln!(o, "safs_uring_queue_requests_total{{queue=\"{q}\"}} {n}");
         }
     }
+    if let Some(l) = &s.lease {
+        sample(
+            o,
+            "safs_lease_takes_total",
+            "counter",
+            "Times this daemon took the volume's write lease (other daemons serve it too).",
+            l.takes,
+        );
+        sample(
+            o,
+            "safs_lease_wait_seconds_total",
+            "counter",
+            "Time operations waited for the write lease, summed.",
+            l.wait_ns as f64 / 1e9,
+        );
+    }
     sample(
         o,
         "safs_broken_counts_total",

@@ -309,3 +309,39 @@ fn safs_stats_shows_live_rates_and_ends_cleanly() {
     out.assert_failure_with_message("safs stats of an unmounted volume");
     assert!(out.stderr.contains("not mounted"), "{}", out.stderr);
 }
+
+/// On a volume two daemons serve (PostgreSQL), the metrics say how often
+/// the write lease was taken and how long operations waited for it.
+#[test]
+fn a_shared_volume_exports_its_write_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = safs::meta::postgres::cluster::TempCluster::start(dir.path()).unwrap();
+    cluster.create_database("vol").unwrap();
+    let port = free_port();
+    let mut v = TestVolume::formatted(&["--meta", &cluster.conninfo("vol")]);
+    v.set_options(&[&format!("metrics=127.0.0.1:{port}")]);
+    v.mount();
+    let other = v.root().join("mnt2");
+    std::fs::create_dir(&other).unwrap();
+    safs(["mount", v.vol().to_str().unwrap(), other.to_str().unwrap()])
+        .assert_success("second mount");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = umount_once_released(&self.0);
+        }
+    }
+    let _other = Unmount(other.clone());
+    // Writers on both mounts take turns with the lease.
+    for i in 0..20 {
+        write_file(&v.path(format!("a{i}")), b"a");
+        write_file(&other.join(format!("b{i}")), b"b");
+    }
+    let (_, text) = http_get(port, "/metrics");
+    let takes = value(&text, "safs_lease_takes_total").unwrap_or_else(|| panic!("{text}"));
+    assert!(takes >= 2.0, "{text}");
+    assert!(
+        value(&text, "safs_lease_wait_seconds_total").unwrap() > 0.0,
+        "{text}"
+    );
+}

@@ -48,7 +48,7 @@ pub use files::{Handle, OpenMode};
 pub use ids::{Cookie, Fh, Generation, Ino};
 pub use namespace::{DirEntry, RenameFlags, SetAttr, Statfs, TimeSet};
 pub use shared::{Inval, KernelInval};
-pub use store::Health;
+pub use store::{Health, LeaseFigures};
 
 use crate::format::inode::Inode;
 use crate::format::keys;
@@ -930,6 +930,11 @@ impl Fs {
     /// What the metadata engine has served since the mount.
     pub fn engine_counters(&self) -> crate::meta::EngineCounters {
         self.store.engine_counters()
+    }
+
+    /// A shared volume's write lease: taken how often, waited for how long.
+    pub fn lease_figures(&self) -> Option<LeaseFigures> {
+        self.store.lease_figures()
     }
 
     /// Impossible counts met since the mount (see `state`): 0 unless a bug.

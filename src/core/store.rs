@@ -248,7 +248,20 @@ pub struct Store {
     /// Shared volumes: the write lease (lock order: before `overlay`).
     lease: Mutex<Lease>,
     lease_moved: Condvar,
+    /// Times the lease was taken, and time operations waited for it (ns).
+    lease_takes: std::sync::atomic::AtomicU64,
+    lease_wait_ns: std::sync::atomic::AtomicU64,
     on_changes: std::sync::OnceLock<OnChanges>,
+}
+
+/// How a shared volume's write lease has gone since the mount.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LeaseFigures {
+    /// Times this daemon took the lease (each catches up with the others).
+    pub takes: u64,
+    /// Time operations waited for it, summed: while another daemon held
+    /// it, or while this one took it.
+    pub wait_ns: u64,
 }
 
 impl From<Failure> for CoreError {
@@ -302,6 +315,8 @@ impl Store {
             abandon: AtomicBool::new(false),
             lease: Mutex::new(Lease::default()),
             lease_moved: Condvar::new(),
+            lease_takes: std::sync::atomic::AtomicU64::new(0),
+            lease_wait_ns: std::sync::atomic::AtomicU64::new(0),
             on_changes: std::sync::OnceLock::new(),
         });
         let s = Arc::clone(&store);
@@ -315,6 +330,16 @@ impl Store {
 
     pub fn engine_counters(&self) -> crate::meta::EngineCounters {
         self.engine.counters()
+    }
+
+    /// The write lease's figures; `None` on volumes one daemon serves.
+    pub fn lease_figures(&self) -> Option<LeaseFigures> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.engine.shared()?;
+        Some(LeaseFigures {
+            takes: self.lease_takes.load(Relaxed),
+            wait_ns: self.lease_wait_ns.load(Relaxed),
+        })
     }
 
     /// Point read through the overlay.
@@ -635,6 +660,8 @@ impl Store {
             return Ok(LeaseGuard { store: None });
         };
         let mut l = self.lease.lock();
+        // Set once this call had to wait for the lease or take it.
+        let mut waited: Option<Instant> = None;
         loop {
             if l.held && !l.draining {
                 if l.since.is_some_and(|t| t.elapsed() >= LEASE_TURN) {
@@ -650,8 +677,14 @@ impl Store {
                     continue;
                 }
                 l.running += 1;
+                if let Some(t) = waited {
+                    let ns = t.elapsed().as_nanos() as u64;
+                    self.lease_wait_ns
+                        .fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
+                }
                 return Ok(LeaseGuard { store: Some(self) });
             }
+            waited.get_or_insert_with(Instant::now);
             if l.held || l.moving {
                 self.lease_moved.wait(&mut l);
                 continue;
@@ -684,6 +717,8 @@ impl Store {
             l.held = true;
             l.since = Some(Instant::now());
             l.seen = l.seen.max(epoch);
+            self.lease_takes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 

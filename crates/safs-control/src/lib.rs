@@ -118,6 +118,13 @@ pub struct Health {
     pub need_bytes: u64,
 }
 
+/// A shared volume's write lease since the mount.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LeaseReport {
+    pub takes: u64,
+    pub wait_ns: u64,
+}
+
 /// The reply to `stats`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct StatsReply {
@@ -161,6 +168,10 @@ pub struct StatsReply {
     /// Impossible counts met since the mount: 0 unless safs has a bug.
     #[serde(default)]
     pub broken_counts: u64,
+    /// A volume several daemons serve: its write lease, taken how often
+    /// and waited for how long since the mount (`None` otherwise).
+    #[serde(default)]
+    pub lease: Option<LeaseReport>,
     /// The upper bound, in µs, of each bucket of [`OpReport::hist`] (the
     /// last bucket, `null`, has none).
     #[serde(default)]
