@@ -126,6 +126,10 @@ pub fn stats_reply(fs: &Fs, stats: &Stats) -> StatsReply {
         dircache_dirs: cache.dirs as u64,
         dircache_bytes: cache.dir_bytes as u64,
         dircache_budget_bytes: cache.dir_budget as u64,
+        inode_cache_hits: cache.inode_hits,
+        inode_cache_misses: cache.inode_misses,
+        dircache_hits: cache.dir_hits,
+        dircache_misses: cache.dir_misses,
         engine: {
             let e = fs.engine_counters();
             safs_control::EngineCounters {

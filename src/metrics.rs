@@ -186,6 +186,38 @@ pub fn render(s: &StatsReply) -> String {
         "The most the inode cache may hold (cache_mb).",
         s.cache_budget_bytes,
     );
+    family(
+        o,
+        "safs_inode_cache_loads_total",
+        "counter",
+        "Inode loads, answered by the inode cache (hit) or by the engine (miss).",
+    );
+    let _ = writeln!(
+        o,
+        "safs_inode_cache_loads_total{{result=\"hit\"}} {}",
+        s.inode_cache_hits
+    );
+    let _ = writeln!(
+        o,
+        "safs_inode_cache_loads_total{{result=\"miss\"}} {}",
+        s.inode_cache_misses
+    );
+    family(
+        o,
+        "safs_dircache_lookups_total",
+        "counter",
+        "Name lookups the directory cache answered (hit: an entry or a known absence) or not (miss).",
+    );
+    let _ = writeln!(
+        o,
+        "safs_dircache_lookups_total{{result=\"hit\"}} {}",
+        s.dircache_hits
+    );
+    let _ = writeln!(
+        o,
+        "safs_dircache_lookups_total{{result=\"miss\"}} {}",
+        s.dircache_misses
+    );
     sample(
         o,
         "safs_dircache_directories",

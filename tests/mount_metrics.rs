@@ -75,6 +75,12 @@ fn metrics_are_served_checked_by_promtool_and_scraped_by_prometheus() {
         assert_eq!(inf, Some(count), "{op}");
     }
     assert!(value(&text, "safs_engine_commits_total").unwrap() > 0.0);
+    // The getxattrs' inodes were in the cache.
+    assert!(
+        value(&text, "safs_inode_cache_loads_total{result=\"hit\"}").unwrap() >= 40.0,
+        "{text}"
+    );
+    assert!(value(&text, "safs_dircache_lookups_total{result=\"miss\"}").is_some());
     assert_eq!(value(&text, "safs_commits_failing"), Some(0.0));
     assert!(http_get(port, "/").0.contains("404"));
 

@@ -35,6 +35,14 @@ pub fn resolve(path: &Path) -> anyhow::Result<(PathBuf, Option<PathBuf>)> {
     }
 }
 
+/// `hits` of `hits + misses`, as a percentage (or "none" of none).
+pub fn ratio(hits: u64, misses: u64) -> String {
+    match hits + misses {
+        0 => "none".into(),
+        n => format!("{:.1} %", hits as f64 * 100.0 / n as f64),
+    }
+}
+
 fn print_stats(sock: &Path, json: bool) -> anyhow::Result<()> {
     let stats = safs::control::request_at(sock, "stats")?.unwrap_or_default();
     if json {
@@ -42,12 +50,22 @@ fn print_stats(sock: &Path, json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "inode cache:    {} of {} inodes, {} of {} MiB",
+        "inode cache:    {} of {} inodes, {} of {} MiB; {} of inode loads answered",
         stats.cached_inodes,
         stats.inode_cache_capacity,
         stats.cache_bytes >> 20,
-        stats.cache_budget_bytes >> 20
+        stats.cache_budget_bytes >> 20,
+        ratio(stats.inode_cache_hits, stats.inode_cache_misses)
     );
+    if stats.dircache_budget_bytes > 0 {
+        println!(
+            "dircache:       {} directories, {} of {} MiB; {} of lookups answered",
+            stats.dircache_dirs,
+            stats.dircache_bytes >> 20,
+            stats.dircache_budget_bytes >> 20,
+            ratio(stats.dircache_hits, stats.dircache_misses)
+        );
+    }
     println!(
         "memory:         {} MiB anonymous now, {} MiB peak resident (with the engine's mapped pages)",
         stats.rss_anon_kib / 1024,

@@ -136,14 +136,30 @@ fn frame(name: &str, old: &StatsReply, new: &StatsReply, secs: f64) -> String {
             h.held_bytes >> 20
         ));
     }
+    let ratio = |h0: u64, h1: u64, m0: u64, m1: u64| {
+        super::info::ratio(h1.saturating_sub(h0), m1.saturating_sub(m0))
+    };
     t.push_str(&format!(
-        "inode cache: {} inodes, {} of {} MiB; directory cache: {} directories, {} MiB\n\
+        "inode cache: {} inodes, {} of {} MiB, {} of loads answered; \
+         directory cache: {} directories, {} MiB, {} of lookups answered\n\
          memory: {} MiB anonymous, {} MiB peak resident\n",
         new.cached_inodes,
         new.cache_bytes >> 20,
         new.cache_budget_bytes >> 20,
+        ratio(
+            old.inode_cache_hits,
+            new.inode_cache_hits,
+            old.inode_cache_misses,
+            new.inode_cache_misses
+        ),
         new.dircache_dirs,
         new.dircache_bytes >> 20,
+        ratio(
+            old.dircache_hits,
+            new.dircache_hits,
+            old.dircache_misses,
+            new.dircache_misses
+        ),
         new.rss_anon_kib / 1024,
         new.peak_rss_kib / 1024
     ));

@@ -124,6 +124,9 @@ pub struct DirCache {
     bytes: usize,
     budget: usize,
     next_gen: u64,
+    /// Lookups answered (an entry, or a name known absent), and not.
+    hits: u64,
+    misses: u64,
 }
 
 impl DirCache {
@@ -134,7 +137,14 @@ impl DirCache {
             bytes: 0,
             budget,
             next_gen: 1,
+            hits: 0,
+            misses: 0,
         }
+    }
+
+    /// (lookups answered, lookups that went to the engine) while enabled.
+    pub fn lookups(&self) -> (u64, u64) {
+        (self.hits, self.misses)
     }
 
     pub fn enabled(&self) -> bool {
@@ -186,14 +196,21 @@ impl DirCache {
 
     /// What the cache knows of `name` in `dir`.
     pub fn lookup(&mut self, dir: u64, name: &[u8]) -> Found {
-        let Some(v) = self.views.get(&dir) else {
-            return Found::Unknown;
-        };
-        match v.names.get(name) {
-            Some(d) => Found::Entry(d.clone()),
-            None if v.complete => Found::Absent,
+        let found = match self.views.get(&dir) {
             None => Found::Unknown,
+            Some(v) => match v.names.get(name) {
+                Some(d) => Found::Entry(d.clone()),
+                None if v.complete => Found::Absent,
+                None => Found::Unknown,
+            },
+        };
+        if self.enabled() {
+            match found {
+                Found::Unknown => self.misses += 1,
+                _ => self.hits += 1,
+            }
         }
+        found
     }
 
     /// `dir` was just made: its view is complete and empty (every lookup

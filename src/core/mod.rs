@@ -202,6 +202,12 @@ pub struct CacheFigures {
     pub dirs: usize,
     pub dir_bytes: usize,
     pub dir_budget: usize,
+    /// Inode loads the inode cache answered, and those it did not.
+    pub inode_hits: u64,
+    pub inode_misses: u64,
+    /// Directory-cache lookups answered, and those it did not.
+    pub dir_hits: u64,
+    pub dir_misses: u64,
 }
 
 pub struct Fs {
@@ -580,7 +586,9 @@ impl Fs {
     // ---- helpers shared by the operation modules -------------------------
 
     fn load_opt<'s>(&self, st: &'s mut State, ino: u64) -> Result<Option<&'s mut Cached>> {
-        if !st.is_cached(ino) {
+        let hit = st.is_cached(ino);
+        st.note_inode_load(hit);
+        if !hit {
             let key = keys::inode(ino);
             let Some(rec) = self.store.get(&key)? else {
                 return Ok(None);
@@ -905,7 +913,12 @@ impl Fs {
         let st = self.state.lock();
         let (inodes, inode_capacity, bytes, byte_budget) = st.cache_figures();
         let (dirs, dir_bytes, dir_budget) = st.dir_figures();
+        let (inode_hits, inode_misses, dir_hits, dir_misses) = st.cache_lookups();
         CacheFigures {
+            inode_hits,
+            inode_misses,
+            dir_hits,
+            dir_misses,
             inodes,
             inode_capacity,
             bytes,

@@ -80,6 +80,9 @@ pub(super) struct State {
     /// Moves whenever cached state is dropped (see `cold`): a read made
     /// without the lock is kept only if this did not move meanwhile.
     epoch: u64,
+    /// Inode loads the cache answered, and those that went to the engine.
+    inode_hits: u64,
+    inode_misses: u64,
 }
 
 impl State {
@@ -100,7 +103,25 @@ impl State {
             dirs: DirCache::new(dircache_budget),
             atimes_due: Vec::new(),
             epoch: 0,
+            inode_hits: 0,
+            inode_misses: 0,
         }
+    }
+
+    /// An inode load: answered by the cache (`hit`) or not.
+    pub fn note_inode_load(&mut self, hit: bool) {
+        if hit {
+            self.inode_hits += 1;
+        } else {
+            self.inode_misses += 1;
+        }
+    }
+
+    /// (inode loads the cache answered, those it did not; directory-cache
+    /// lookups it answered, those it did not).
+    pub fn cache_lookups(&self) -> (u64, u64, u64, u64) {
+        let (dh, dm) = self.dirs.lookups();
+        (self.inode_hits, self.inode_misses, dh, dm)
     }
 
     /// See the field.

@@ -153,6 +153,16 @@ pub struct StatsReply {
     pub dircache_bytes: u64,
     #[serde(default)]
     pub dircache_budget_bytes: u64,
+    /// Inode loads the inode cache answered and did not, and the same of
+    /// the directory cache's lookups, since the mount.
+    #[serde(default)]
+    pub inode_cache_hits: u64,
+    #[serde(default)]
+    pub inode_cache_misses: u64,
+    #[serde(default)]
+    pub dircache_hits: u64,
+    #[serde(default)]
+    pub dircache_misses: u64,
     /// Metadata engine reads and commits since the mount.
     #[serde(default)]
     pub engine: EngineCounters,
