@@ -289,8 +289,15 @@ fn safs_stats_shows_live_rates_and_ends_cleanly() {
             .spawn()
             .unwrap()
     };
-    let child = spawn();
-    std::thread::sleep(Duration::from_millis(500));
+    let mut child = spawn();
+    // Its first line: it is running (and has its signal handlers).
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    assert!(first.starts_with("safs stats: "), "{first}");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGINT,
