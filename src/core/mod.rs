@@ -848,8 +848,24 @@ impl Fs {
             Some(f) => Some(f.metadata()?),
             None => self.data.stat(ino)?,
         };
-        if let Some(meta) = meta {
-            apply_backing(inode, &meta, self.data.plain_size(meta.len()));
+        match meta {
+            Some(meta) => apply_backing(inode, &meta, self.data.plain_size(meta.len())),
+            // Recovery after an unclean stop (the one caller without an
+            // open file): a file with contents and no backing file had its
+            // backing file's name never made durable — nothing fsync'd it
+            // (an fsync makes the name durable too) — so the crash took
+            // its contents, as it may. It is empty now, not a size over
+            // nothing.
+            None if inode.size > 0 => {
+                tracing::warn!(
+                    ino,
+                    size = inode.size,
+                    "contents never made durable were lost in the stop: the file is empty"
+                );
+                inode.size = 0;
+                inode.blocks = 0;
+            }
+            None => {}
         }
         Ok(())
     }

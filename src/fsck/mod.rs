@@ -8,8 +8,9 @@
 //!
 //! Leftovers of an unclean stop that a mount recovers by design — inodes
 //! unlinked while open (`O`), sizes behind their backing files, backing
-//! files whose creating batch never committed, a sealed truncate cut short
-//! — are listed apart from findings: without `repair` they leave the exit
+//! files whose creating batch never committed, a sealed truncate cut short,
+//! a file whose never-synced contents the stop lost with its backing
+//! file's name — are listed apart from findings: without `repair` they leave the exit
 //! code at 0 (as e2fsck treats its orphan list), and `repair` finishes
 //! that recovery itself (exit 1).
 //!

@@ -145,14 +145,27 @@ impl Checker<'_> {
                             info.dirty = true;
                         }
                     }
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                        if i.size > 0 {
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound && i.size > 0 => {
+                        if self.unclean {
+                            // Its name never became durable: nothing fsync'd
+                            // it (an fsync makes the name durable too), so
+                            // the crash took the contents, as it may.
+                            self.leftover(format!(
+                                "file {ino}: its {} bytes were never made durable and the \
+                                 stop lost them; it is empty",
+                                i.size
+                            ));
+                            i.size = 0;
+                            i.blocks = 0;
+                            info.dirty = true;
+                        } else {
                             self.find(
                                 format!("file {ino}: backing file missing ({} bytes lost)", i.size),
                                 false,
                             );
                         }
                     }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                     Err(e) => {
                         self.find(format!("file {ino}: backing file unreadable: {e}"), false);
                     }
