@@ -315,8 +315,7 @@ impl Fs {
     fn load_creds_for_set_ids(&self, ctx: &Ctx, ino: u64) {
         let set_ids = {
             let mut st = self.state.lock();
-            self.inode(&mut st, ino)
-                .is_ok_and(|i| i.mode & (libc::S_ISUID | libc::S_ISGID) != 0)
+            self.inode(&mut st, ino).is_ok_and(|i| has_set_ids(i.mode))
         };
         if set_ids {
             ctx.load();
@@ -324,11 +323,19 @@ impl Fs {
     }
 }
 
+/// Whether `mode` is a regular file's with a set-id bit: the only ones a
+/// change of contents can clear (nearly no file: the caller's credentials
+/// need not be read for the others).
+pub(super) fn has_set_ids(mode: u32) -> bool {
+    mode & S_IFMT == S_IFREG && mode & (libc::S_ISUID | libc::S_ISGID) != 0
+}
+
 /// The set-id bits a change of a regular file's contents by `ctx` clears
 /// (the kernel's `setattr_should_drop_suidgid`): none for a caller with
-/// CAP_FSETID; otherwise those of [`set_ids_dropped`].
+/// CAP_FSETID; otherwise those of [`set_ids_dropped`]. The mode is looked
+/// at first: the capability check reads the caller's credentials.
 fn kill_set_ids(ctx: &Ctx, mode: u32, gid: u32) -> u32 {
-    if ctx.has_cap(super::creds::CAP_FSETID) {
+    if !has_set_ids(mode) || ctx.has_cap(super::creds::CAP_FSETID) {
         return 0;
     }
     set_ids_dropped(ctx, mode, gid)
@@ -338,7 +345,7 @@ fn kill_set_ids(ctx: &Ctx, mode: u32, gid: u32) -> u32 {
 /// caller without CAP_FSETID: set-user-ID, and set-group-ID when the file
 /// is group-executable or the caller is not in its group.
 pub(super) fn set_ids_dropped(ctx: &Ctx, mode: u32, gid: u32) -> u32 {
-    if mode & S_IFMT != S_IFREG || mode & (libc::S_ISUID | libc::S_ISGID) == 0 {
+    if !has_set_ids(mode) {
         return 0;
     }
     let mut kill = mode & libc::S_ISUID;

@@ -423,7 +423,7 @@ impl Fs {
         {
             let mut st = self.state.lock();
             let mode = self.load(&mut st, ino)?.inode.mode;
-            if mode & S_IFMT != S_IFREG || mode & (libc::S_ISUID | libc::S_ISGID) == 0 {
+            if !super::files::has_set_ids(mode) {
                 return Ok(false);
             }
         }
