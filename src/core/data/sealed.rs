@@ -366,8 +366,11 @@ impl Sealed<'_> {
         let mut scanned = 0;
         while pos < size {
             if data {
-                // Past slots that are holes of the backing file at once.
-                let Some(next) = backing_seek(self.file, pos / block * unit, true)? else {
+                // Past slots that are holes of the backing file at once,
+                // from the slot under the start of `pos`'s page: data
+                // before `pos` in that page makes the page data.
+                let from = pos / PAGE * PAGE / block * unit;
+                let Some(next) = backing_seek(self.file, from, true)? else {
                     break;
                 };
                 pos = pos.max((next / unit * block) / PAGE * PAGE);
@@ -649,6 +652,26 @@ mod tests {
         ] {
             assert_eq!(s.seek(at, size, data).ok(), want, "from {at}, data {data}");
         }
+    }
+
+    /// Data early in a page makes an offset later in that page data, also
+    /// when the block under that offset is a hole of the backing file.
+    #[test]
+    fn data_before_an_offset_in_its_page_is_found() {
+        let cipher = BlockCipher::new(&Zeroizing::new([3u8; 32]), BlockLayout::PAGE);
+        let file = tempfile::tempfile().unwrap();
+        let s = Sealed {
+            cipher: &cipher,
+            file: &file,
+            ino: 81,
+        };
+        s.set_len(28_479).unwrap();
+        s.write(24_600, b"data").unwrap();
+        let size = s.len().unwrap();
+        // 28,478 is in block 7 (from 28,476), a hole; its page starts at 24,576.
+        assert_eq!(s.seek(28_478, size, true).ok(), Some(28_478));
+        assert_eq!(s.seek(28_478, size, false).ok(), Some(size));
+        assert_eq!(s.seek(100, size, true).ok(), Some(24_576));
     }
 
     /// Offsets whose sealed place no file offset can hold are `EFBIG`, as
