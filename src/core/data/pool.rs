@@ -36,6 +36,10 @@ pub const DEPTH: u64 = 64;
 /// single item of a create's CPU time after the FUSE round trip itself).
 pub const LOW_WATER: u64 = DEPTH / 2;
 
+/// How long the thread rests after a failed make before it tries again
+/// by itself.
+const RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+
 enum Slot {
     /// The thread is creating it (outside the lock).
     Making,
@@ -52,8 +56,9 @@ struct Inner {
     /// than a remove and a create: no inode freed and allocated) or, with
     /// none wanted, removes them.
     doomed: Vec<(u64, File)>,
-    /// Set when making a file failed: no more until the next take (the
-    /// request path then creates, and reports, for itself).
+    /// Set when making a file failed: no more until the next take or
+    /// [`RETRY`] later (the request path meanwhile creates, and reports,
+    /// for itself).
     failed: bool,
     /// A failure was logged; cleared by the next file made (one line per
     /// spell of failures, not one per create).
@@ -234,7 +239,16 @@ impl Shared {
                 continue;
             }
             let Some(ino) = wanted else {
-                self.wanted.wait(&mut g);
+                if g.failed {
+                    // Tried again after a pause even when no create
+                    // comes: a lower filesystem that was full or out of
+                    // descriptors for a moment recovers on its own.
+                    if self.wanted.wait_for(&mut g, RETRY).timed_out() {
+                        g.failed = false;
+                    }
+                } else {
+                    self.wanted.wait(&mut g);
+                }
                 continue;
             };
             g.slots.insert(ino, Slot::Making);
@@ -271,6 +285,7 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     fn pool_in(dir: &std::path::Path, next: u64) -> Pool {
         for i in 0..256 {
@@ -315,7 +330,12 @@ mod tests {
     fn settle(p: &Pool, n: usize) {
         let t = std::time::Instant::now();
         while p.ready() < n {
-            assert!(t.elapsed().as_secs() < 10, "the pool never filled");
+            assert!(
+                t.elapsed().as_secs() < 10,
+                "the pool never filled: {} ready, make failing: {}",
+                p.ready(),
+                p.shared.inner.lock().failed
+            );
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
@@ -351,6 +371,29 @@ mod tests {
         let mut kept = vec![10, 13];
         kept.extend(14..14 + LOW_WATER);
         assert_eq!(files(dir.path()), kept);
+    }
+
+    #[test]
+    fn a_make_that_failed_for_a_moment_is_tried_again_without_a_create() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        let path: PathOf = Arc::new(move |ino| root.join(ino.to_string()));
+        let (p2, tries) = (Arc::clone(&path), Arc::new(AtomicU64::new(0)));
+        let t2 = Arc::clone(&tries);
+        let p = Pool::start(
+            1,
+            move |ino| {
+                if t2.fetch_add(1, Ordering::Relaxed) == 0 {
+                    return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+                }
+                File::create_new(p2(ino))
+            },
+            path,
+        )
+        .unwrap();
+        settle(&p, DEPTH as usize);
+        assert_eq!(tries.load(Ordering::Relaxed), DEPTH + 1);
+        p.stop();
     }
 
     #[test]
