@@ -27,6 +27,7 @@ fn core(c: &mut Criterion) {
             gid: 0,
             encryption: None,
             engine: safs::meta::NewEngine::Lmdb,
+            data: None,
         },
     )
     .expect("format");

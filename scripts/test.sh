@@ -25,6 +25,9 @@
 #   7. safs fsck of that volume once unmounted: it must be clean
 #   8. pjdfstest, data and directory stressors and fsck (with the passphrase)
 #      again on an encrypted volume (sealed names, records and contents)
+#  8b. pjdfstest, data stressors and fsck on a volume whose contents are in
+#      the run's S3 server (--data s3://), then its cache thrown away and
+#      every file read back from the store
 #   9. real Samba (smbd, smbclient) and OpenStack Swift (its object-server
 #      diskfile layer) on safs mounts: tests/interop/samba.sh and swift.sh
 # Before step 3 it starts one private S3 server (a one-node Ceph cluster with
@@ -145,6 +148,9 @@ DEV_MNT=$WORK/dmnt
 PG_VOL=$WORK/pgvol
 PG_MNT=$WORK/pgmnt
 PG_DATA=$WORK/pgdata
+# The volume whose contents live in the run's S3 server.
+S3_VOL=$WORK/s3vol
+S3_MNT=$WORK/s3mnt
 SUMMARY=()
 FAILURES=0
 TOTAL_PASSED=0
@@ -218,11 +224,12 @@ cleanup() {
   trap - EXIT
   restore_helper
   local m v
-  for m in "$MNT" "$ENC_MNT" "$DEV_MNT" "$PG_MNT"; do
+  for m in "$MNT" "$ENC_MNT" "$DEV_MNT" "$PG_MNT" "$S3_MNT"; do
     v=$VOL
     [ "$m" = "$ENC_MNT" ] && v=$ENC_VOL
     [ "$m" = "$DEV_MNT" ] && v=$DEV_VOL
     [ "$m" = "$PG_MNT" ] && v=$PG_VOL
+    [ "$m" = "$S3_MNT" ] && v=$S3_VOL
     if is_mounted "$m"; then
       umount "$m" 2>/dev/null || fusermount3 -u -z "$m" 2>/dev/null || umount -l "$m" || true
       # The daemon flushes and exits; wait (bounded) until it released the lock.
@@ -236,7 +243,7 @@ cleanup() {
   pg_stop
   s3_stop
   restore_uring
-  if ! is_mounted "$MNT" && ! is_mounted "$ENC_MNT" && ! is_mounted "$DEV_MNT" && ! is_mounted "$PG_MNT"; then rm -rf "$WORK"; fi
+  if ! is_mounted "$MNT" && ! is_mounted "$ENC_MNT" && ! is_mounted "$DEV_MNT" && ! is_mounted "$PG_MNT" && ! is_mounted "$S3_MNT"; then rm -rf "$WORK"; fi
   exit "$rc"
 }
 trap cleanup EXIT
@@ -549,6 +556,51 @@ else
     umount "$ENC_MNT"
     check_fsck fsck-encrypted "safs fsck of the encrypted volume (every record and block)" \
       "$ENC_VOL" --passphrase-file "$ENC_PASS"
+  fi
+fi
+
+# --- 8b. contents in the object store: pjdfstest, data stressors, fsck, and
+# every file read back once the node's cache is gone --------------------------
+t0=$SECONDS
+if [ ! -x "$SAFS" ] || ! pjdfstest_ready; then
+  record FAIL 0 "s3: not run (no safs build or no pjdfstest)"
+elif [ -z "${SAFS_TEST_S3_ENDPOINT:-}" ] || ! "$S3_SERVER" bucket safs-ci >/dev/null ||
+  ! eval "$("$S3_SERVER" aws-env)"; then
+  record FAIL $((SECONDS - t0)) "s3: not run, no S3 server or no bucket on it"
+else
+  mkdir -p "$S3_MNT"
+  if ! "$SAFS" format "$S3_VOL" --data s3://safs-ci/run >/dev/null; then
+    record FAIL $((SECONDS - t0)) "s3: not run, safs format --data failed"
+  elif ! "$SAFS" mount "$S3_VOL" "$S3_MNT" -o "allow_other,transport=$MAIN_TRANSPORT"; then
+    record FAIL $((SECONDS - t0)) "s3: not run, safs mount failed"
+    tail -n 50 "$S3_VOL/safs.log" 2>/dev/null || true
+  else
+    run_pjdfstest pjdfstest-s3 "$ROOT/tests/pjdfstest.toml" "$S3_MNT/pjdfstest"
+    run_pjdfstest pjdfstest-s3-erofs "$WORK/pjdfstest-erofs.toml" "$S3_MNT/pjdfstest-erofs" erofs
+    run_stress stress-ng-s3 "$S3_MNT" fallocate mmap seek readahead hdd iomix fpunch \
+      copy-file sendfile splice fsize sync-file rename link
+    # Files of every shape to read back: several blocks, one, a sparse one.
+    mkdir -p "$S3_MNT/back"
+    head -c 9437307 /dev/urandom >"$S3_MNT/back/big"
+    head -c 5000 /dev/urandom >"$S3_MNT/back/small"
+    truncate -s 21M "$S3_MNT/back/sparse" && echo tail >>"$S3_MNT/back/sparse"
+    (cd "$S3_MNT" && find . -type f -print0 | sort -z | xargs -0 -r sha256sum) >"$WORK/s3.sums"
+    umount "$S3_MNT"
+    check_fsck fsck-s3 "safs fsck of the object-store volume after pjdfstest and stress-ng" "$S3_VOL"
+    t0=$SECONDS
+    find "$S3_VOL/data" -type f -delete
+    files=$(wc -l <"$WORK/s3.sums")
+    if ! "$SAFS" mount "$S3_VOL" "$S3_MNT" -o "allow_other,transport=$MAIN_TRANSPORT"; then
+      TOTAL_FAILED=$((TOTAL_FAILED + 1))
+      record FAIL $((SECONDS - t0)) "s3-cache-lost: safs mount failed"
+    elif (cd "$S3_MNT" && sha256sum --quiet -c "$WORK/s3.sums"); then
+      TOTAL_PASSED=$((TOTAL_PASSED + 1))
+      record PASS $((SECONDS - t0)) "s3-cache-lost: $files files read back from the store, every byte"
+    else
+      TOTAL_FAILED=$((TOTAL_FAILED + 1))
+      record FAIL $((SECONDS - t0)) "s3-cache-lost: files differ once read back from the store"
+    fi
+    if is_mounted "$S3_MNT"; then umount "$S3_MNT"; fi
   fi
 fi
 

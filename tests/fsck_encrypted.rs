@@ -68,6 +68,7 @@ fn encrypted_in(blocks: BlockLayout) -> Vol {
                 kdf: KdfParams::TESTING,
             }),
             engine: safs::meta::NewEngine::Lmdb,
+            data: None,
         },
     )
     .unwrap();

@@ -42,6 +42,14 @@ pub struct FormatArgs {
     /// hold no other volume (--force replaces it).
     #[arg(long, value_name = "CONNINFO")]
     pub meta: Option<String>,
+    /// Keep file contents in an object store with Amazon S3's API instead
+    /// of the volume's data/ directory (which becomes a cache):
+    /// s3://BUCKET or s3://BUCKET/PREFIX. Credentials, region and endpoint
+    /// come the AWS way (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    /// ~/.aws/credentials, AWS_REGION, AWS_ENDPOINT_URL for stores other
+    /// than AWS) and are never stored in the volume.
+    #[arg(long, value_name = "URL")]
+    pub data: Option<String>,
     /// Cheap key derivation, for tests only.
     #[arg(long, hide = true, requires = "encrypt")]
     pub kdf_testing: bool,
@@ -71,6 +79,7 @@ pub fn run(a: FormatArgs) -> anyhow::Result<()> {
             Some(conninfo) => safs::meta::NewEngine::Postgres(conninfo),
             None => safs::meta::NewEngine::Lmdb,
         },
+        data: a.data.clone(),
     };
     let sb = volume::format(&a.volume, &opts)
         .with_context(|| format!("cannot format {}", a.volume.display()))?;
@@ -83,6 +92,9 @@ pub fn run(a: FormatArgs) -> anyhow::Result<()> {
     );
     if let Some(kdf) = kdf {
         println!("encrypted: {}", super::info::describe_encryption(&sb, &kdf));
+    }
+    if let Some(url) = &a.data {
+        println!("contents: in the object store at {url}; the volume's data/ is a cache");
     }
     Ok(())
 }

@@ -52,6 +52,9 @@ pub enum CoreError {
     Keys(&'static str),
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
+    /// The object store holding the contents failed (see `remote`).
+    #[error("object store: {0}")]
+    Store(crate::objstore::StoreError),
 }
 
 impl From<MetaError> for CoreError {
@@ -96,6 +99,7 @@ impl CoreError {
             Corrupt { .. } | Meta(_) => libc::EIO,
             Keys(_) => libc::EINVAL,
             Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            Store(_) => libc::EIO,
         }
     }
 }

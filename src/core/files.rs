@@ -61,6 +61,9 @@ impl Fs {
         if mode.truncate || (mode.write && self.setid_at_open()) {
             self.load_creds_for_set_ids(ctx, ino);
         }
+        if !mode.truncate {
+            self.fetch(ino)?;
+        }
         let h = self.open_locked(ctx, ino, mode)?;
         // Not under the ticket's lease: flushing takes the lease itself.
         drop(_space);
@@ -80,6 +83,7 @@ impl Fs {
         let file = self.data.open(ino)?;
         let mut w = Vec::new();
         if mode.truncate {
+            self.mark_dirty(ino, &file)?;
             self.data.set_len(&file, ino, 0)?;
             let now = Timestamp::now();
             inode.size = 0;
@@ -100,7 +104,7 @@ impl Fs {
             }
         }
         self.commit(w)?;
-        Ok(self.register_handle(&mut st, ino, Arc::new(file), mode.write, ctx.pid))
+        self.register_handle(&mut st, ino, Arc::new(file), mode.write, ctx.pid)
     }
 
     /// Turns on clearing set-id bits at a writer's open (see the field).
@@ -141,7 +145,10 @@ impl Fs {
         file: Arc<File>,
         write: bool,
         opener: u32,
-    ) -> Arc<Handle> {
+    ) -> Result<Arc<Handle>> {
+        if write {
+            self.mark_dirty(ino, &file)?;
+        }
         if st.open_handle(ino, &file, write) {
             // Reads made while nobody had it open (through a mapping kept
             // after close), and arm the backing file for this open's reads.
@@ -156,7 +163,7 @@ impl Fs {
             file,
         });
         self.handles.lock().insert(fh, Arc::clone(&h));
-        h
+        Ok(h)
     }
 
     /// Creates and opens a regular file (`O_CREAT` with no existing name),
@@ -215,6 +222,18 @@ impl Fs {
         let Some(h) = self.handles.lock().remove(&fh) else {
             return Err(CoreError::BadHandle);
         };
+        // The last writer's changes go to the object store (a volume with
+        // one), before the close records the size.
+        if h.writable
+            && self.remote.is_some()
+            && !self
+                .handles
+                .lock()
+                .values()
+                .any(|o| o.ino == h.ino && o.writable)
+        {
+            self.upload_later_if_failing(h.ino.0);
+        }
         // A writer's close records the size: a change, under the lease.
         let _lease = if h.writable {
             Some(self.store.lease()?)
@@ -260,6 +279,8 @@ impl Fs {
         }
         // The contents are of no use after a crash without their name.
         self.data.sync_name(h.ino.0)?;
+        // In the store, and named by the batch the caller waits for.
+        self.upload(h.ino.0)?;
         Ok(())
     }
 

@@ -21,6 +21,7 @@ pub mod error;
 mod files;
 pub mod ids;
 mod namespace;
+pub(crate) mod remote;
 mod shared;
 mod state;
 mod store;
@@ -231,6 +232,8 @@ pub struct Fs {
     setid_at_open: std::sync::atomic::AtomicBool,
     /// Shared volumes: where kernel invalidations go (see `shared`).
     kernel: std::sync::OnceLock<KernelInval>,
+    /// Volumes whose contents are in an object store (see `remote`).
+    remote: Option<remote::Remote>,
 }
 
 impl Fs {
@@ -279,6 +282,16 @@ impl Fs {
             target: hold_target(&layout.root),
             inline_budget: sb.inline_bytes as usize,
         });
+        let remote = if sb.has_object_store() {
+            let rec = engine.get(keys::DATA_STORE)?.ok_or_else(|| {
+                CoreError::corrupt(keys::DATA_STORE, crate::format::FormatError::Truncated(0))
+            })?;
+            let url = crate::format::blocks::decode_store(&rec)
+                .map_err(|e| CoreError::corrupt(keys::DATA_STORE, e))?;
+            Some(remote::Remote::connect(&url, &layout.data())?)
+        } else {
+            None
+        };
         let store = Store::new(engine, opts.commit_interval, hold);
         let atime = opts.atime;
         // The directory cache: on by default where it saves the most (names
@@ -309,8 +322,24 @@ impl Fs {
             closed: std::sync::atomic::AtomicBool::new(false),
             setid_at_open: std::sync::atomic::AtomicBool::new(false),
             kernel: std::sync::OnceLock::new(),
+            remote,
         };
         fs.recover()?;
+        if fs.remote.is_some() && !fs.opts.read_only {
+            // At every mount, not only after an unclean stop: an fsck
+            // --repair marks a volume clean without a store to upload to.
+            let uploaded = fs.upload_dirty()?;
+            fs.store.sync()?;
+            if uploaded > 0 {
+                tracing::info!(
+                    uploaded,
+                    "contents changed before the last stop are in the object store"
+                );
+            }
+        }
+        if let (Some(r), false) = (&fs.remote, fs.opts.read_only) {
+            r.start_deleter(Arc::clone(&fs.store));
+        }
         if !fs.opts.read_only {
             fs.sb.features |= crate::format::superblock::FEATURE_SPILL_PAGES;
         }
@@ -345,6 +374,7 @@ impl Fs {
         }
         // Before the clean mark: a clean volume has no stray backing files.
         self.data.stop_pool();
+        let uploaded = self.finish_remote();
         if !self.opts.read_only && !self.is_shared() {
             if let Err(e) = self.reclaim_at_close() {
                 tracing::error!(error = %e, "inodes unlinked while open are left to the next mount");
@@ -354,7 +384,7 @@ impl Fs {
             // Clean only if no other daemon still serves the volume.
             match self.store.lease() {
                 Ok(_lease) => {
-                    if self.alone() {
+                    if self.alone() && uploaded {
                         self.set_mount_state(true);
                     }
                 }
@@ -555,6 +585,11 @@ impl Fs {
                         self.data.finish_cut(ino)?;
                     }
                 }
+                if self.remote.is_some() {
+                    // The record's size goes with the block map; backing
+                    // files with changes are uploaded after (`upload_dirty`).
+                    continue;
+                }
                 let mut new = inode.clone();
                 self.reconcile(ino, &mut new, None)?;
                 if new != inode {
@@ -714,6 +749,9 @@ impl Fs {
                     w.push((k, None));
                 }
             }
+        }
+        if inode.as_ref().is_none_or(Inode::is_reg) {
+            self.drop_blocks(w, ino)?;
         }
         let backing = inode
             .as_ref()

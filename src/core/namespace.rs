@@ -322,6 +322,9 @@ impl Fs {
             // The caller's groups decide the set-group-ID bit below.
             ctx.load();
         }
+        if set.size.is_some() {
+            self.fetch(ino)?;
+        }
         let _space = self.writable()?;
         let mut st = self.state.lock();
         let mut inode = self.inode(&mut st, ino)?;
@@ -339,6 +342,7 @@ impl Fs {
                 Some(f) => f,
                 None => std::sync::Arc::new(self.data.open(ino)?),
             };
+            self.mark_dirty(ino, &file)?;
             self.data.set_len(&file, ino, size)?;
             inode.size = size;
             self.reconcile(ino, &mut inode, Some(&file))?;
@@ -409,7 +413,17 @@ impl Fs {
         inode.ctime = set.ctime.unwrap_or(now);
         self.put_inode(&mut st, &mut w, ino, inode);
         self.commit(w)?;
-        self.attr_locked(&mut st, ino)
+        let attr = self.attr_locked(&mut st, ino)?;
+        // A truncate of a file nobody writes: its last writer's close
+        // will not upload it.
+        let upload =
+            set.size.is_some() && self.remote.is_some() && st.writer_backing(ino).is_none();
+        drop(st);
+        drop(_space);
+        if upload {
+            self.upload_later_if_failing(ino);
+        }
+        Ok(attr)
     }
 
     /// Clears `ino`'s set-id bits before a write (or an `O_TRUNC` open) by
@@ -636,7 +650,7 @@ impl Fs {
         }
         let handle = match (open, file) {
             (Some(mode), Some(file)) => {
-                Some(self.register_handle(&mut st, ino, file, mode.write, ctx.pid))
+                Some(self.register_handle(&mut st, ino, file, mode.write, ctx.pid)?)
             }
             _ => None,
         };

@@ -87,6 +87,7 @@ fn setup(budget: u32) -> T {
         gid: 0,
         encryption: None,
         engine: crate::meta::NewEngine::Lmdb,
+        data: None,
     });
     engine.commit(&recs).unwrap();
     let fs = remount(dir.path(), &engine, sb);
@@ -948,6 +949,7 @@ fn encrypted_volume_keeps_names_and_values_sealed() {
                 kdf: KdfParams::TESTING,
             }),
             engine: crate::meta::NewEngine::Lmdb,
+            data: None,
         },
     )
     .unwrap();

@@ -24,6 +24,8 @@ pub enum Kind {
     Symlink = 8,
     Marker = 9,
     MountState = 10,
+    BlockRef = 11,
+    DataStore = 12,
 }
 
 /// Current payload version of every kind.

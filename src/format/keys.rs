@@ -14,6 +14,9 @@
 //! | `K`                               | KeyRecord           | encrypted volumes: the master key, wrapped by the passphrase (in the clear, as is `V`) |
 //! | `M`                               | MountState          | clean or mounted: after an unclean stop, sizes are reconciled from backing files and stray backing files removed |
 //! | `W` ino:u64                       | Marker              | retired (open-for-writing marker of early builds); deleted when found |
+//! | `U`                               | DataStore           | volumes with contents in an object store: its URL (in the clear) |
+//! | `B` ino:u64 block:u32             | BlockRef            | one block of a file's contents in the object store (see `format::blocks`) |
+//! | `Q` ino:u64 block:u32 gen:u64     | Marker              | an object no record names any more: deleted from the store once this is durable |
 //!
 //! Lookup is one point read of `D`; readdir is one range scan of `C` in
 //! cookie order, so a cookie handed to the kernel stays valid while the
@@ -25,6 +28,8 @@ pub const COUNTERS: &[u8] = b"N";
 pub const MOUNT_STATE: &[u8] = b"M";
 /// The wrapped key of an encrypted volume (see `core::crypto`).
 pub const KEY_RECORD: &[u8] = b"K";
+/// Where the contents are, on volumes formatted with `--data`.
+pub const DATA_STORE: &[u8] = b"U";
 
 pub const P_INODE: u8 = b'I';
 pub const P_SPILL: u8 = b'S';
@@ -34,6 +39,8 @@ pub const P_DIRINDEX: u8 = b'C';
 pub const P_SYMLINK: u8 = b'L';
 pub const P_ORPHAN: u8 = b'O';
 pub const P_WRITING: u8 = b'W';
+pub const P_BLOCK: u8 = b'B';
+pub const P_DOOMED: u8 = b'Q';
 
 /// `prefix ‖ ino`.
 pub fn ino_key(prefix: u8, ino: u64) -> [u8; 9] {
@@ -80,6 +87,36 @@ pub fn orphan(ino: u64) -> [u8; 9] {
 
 pub fn writing(ino: u64) -> [u8; 9] {
     ino_key(P_WRITING, ino)
+}
+
+/// Block `block` of file `ino` in the object store.
+pub fn block(ino: u64, block: u32) -> [u8; 13] {
+    let mut k = [0u8; 13];
+    k[..9].copy_from_slice(&ino_key(P_BLOCK, ino));
+    k[9..].copy_from_slice(&block.to_be_bytes());
+    k
+}
+
+/// An object to delete: version `gen` of block `block` of file `ino`.
+pub fn doomed(ino: u64, block: u32, generation: u64) -> [u8; 21] {
+    let mut k = [0u8; 21];
+    k[..9].copy_from_slice(&ino_key(P_DOOMED, ino));
+    k[9..13].copy_from_slice(&block.to_be_bytes());
+    k[13..].copy_from_slice(&generation.to_be_bytes());
+    k
+}
+
+/// The block number of a `B` or `Q` key.
+pub fn key_block(key: &[u8]) -> Option<u32> {
+    key.get(9..13)
+        .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")))
+}
+
+/// The generation of a `Q` key.
+pub fn key_gen(key: &[u8]) -> Option<u64> {
+    key.get(13..21)
+        .filter(|_| key.len() == 21)
+        .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")))
 }
 
 fn ino_name(prefix: u8, ino: u64, name: &[u8]) -> Vec<u8> {

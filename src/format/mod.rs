@@ -7,6 +7,7 @@
 //! they return [`FormatError`], which the core turns into `EIO` plus a log line
 //! naming the key.
 
+pub mod blocks;
 pub mod dirent;
 pub mod envelope;
 pub mod inode;

@@ -28,6 +28,10 @@ pub const FEATURE_PAGE_BLOCKS: u64 = 2;
 /// reads only page 0 would miss the others, so it must refuse the volume.
 /// Set at format, and on an older volume at its first writable mount.
 pub const FEATURE_SPILL_PAGES: u64 = 4;
+/// File contents live in an object store named by the `U` record, with a
+/// block map (`B`) committed with each size: a build that does not know
+/// would take the local backing files, a cache, for the contents.
+pub const FEATURE_OBJECT_STORE: u64 = 8;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
@@ -45,6 +49,10 @@ impl Superblock {
 
     pub fn has_spill_pages(&self) -> bool {
         self.features & FEATURE_SPILL_PAGES != 0
+    }
+
+    pub fn has_object_store(&self) -> bool {
+        self.features & FEATURE_OBJECT_STORE != 0
     }
 
     pub fn has_page_blocks(&self) -> bool {

@@ -43,6 +43,62 @@ impl Checker<'_> {
         Ok(whole * layout.block())
     }
 
+    /// On a volume whose contents are in an object store: file `ino`'s
+    /// block records, in order and readable, and its size theirs — unless
+    /// its backing file holds changes not uploaded yet (a daemon stopped
+    /// before it could: the next mount uploads them).
+    pub(super) fn check_block_map(
+        &mut self,
+        ino: u64,
+        i: &mut crate::format::inode::Inode,
+        changed: &mut bool,
+    ) -> Result<()> {
+        use crate::format::blocks::{BLOCK, BlockRef};
+        let (start, end) = keys::ino_range(keys::P_BLOCK, ino);
+        let mut len = 0u64;
+        for (n, (k, v)) in self
+            .store
+            .scan(&start, &end, usize::MAX)?
+            .into_iter()
+            .enumerate()
+        {
+            if keys::key_block(&k) != Some(n as u32) {
+                self.find(format!("file {ino}: block record {n} missing"), false);
+                return Ok(());
+            }
+            match BlockRef::decode(&k, &v) {
+                Ok(b) => len = n as u64 * BLOCK + u64::from(b.len),
+                Err(e) => {
+                    self.find(
+                        format!("file {ino}: block record {n} unreadable: {e}"),
+                        false,
+                    );
+                    return Ok(());
+                }
+            }
+        }
+        if crate::core::remote::marked_dirty(&self.backing_path(ino))? {
+            self.leftover(format!(
+                "file {ino}: its backing file holds changes not in the object store yet; \
+                 the next mount uploads them"
+            ));
+            return Ok(());
+        }
+        let size = match &self.keys {
+            Some(k) => k.blocks().layout().plain_size(len),
+            None => len,
+        };
+        if size != i.size {
+            self.leftover_or_find(format!(
+                "file {ino}: size {} but its blocks in the object store hold {size}",
+                i.size
+            ));
+            i.size = size;
+            *changed = true;
+        }
+        Ok(())
+    }
+
     /// Opens every sealed block of file `ino` (encrypted volumes only). A
     /// block that does not open reads as EIO: its data is lost, which no
     /// repair can undo (zeros in its place would be served as data).

@@ -229,6 +229,9 @@ struct Checker<'a> {
     /// The volume was not unmounted cleanly: stale sizes and stray backing
     /// files are expected (the next mount reconciles them), not errors.
     unclean: bool,
+    /// Contents are in an object store: sizes come from block maps, and
+    /// backing files are a cache.
+    remote: bool,
 }
 
 const PAGE: usize = 4096;
@@ -378,7 +381,7 @@ pub fn run(dir: &Path, access: Access<'_>, repair: bool, progress: Progress<'_>)
         e => volume::VolumeError::Meta(e).into(),
     })?;
     if !sb.is_encrypted() {
-        return check_store(store, None, &layout, sb.inline_bytes, repair, progress);
+        return check_store(store, None, &layout, &sb, repair, progress);
     }
     let ask = match access {
         Access::StructureOnly if repair => {
@@ -407,24 +410,18 @@ pub fn run(dir: &Path, access: Access<'_>, repair: bool, progress: Progress<'_>)
         e => volume::VolumeError::Crypto(e).into(),
     })?;
     let keys = volume::keys_for(&master, &sb);
-    check_store(
-        store,
-        Some(keys),
-        &layout,
-        sb.inline_bytes,
-        repair,
-        progress,
-    )
+    check_store(store, Some(keys), &layout, &sb, repair, progress)
 }
 
 fn check_store(
     raw: Arc<dyn MetaStore>,
     keys: Option<Arc<VolumeKeys>>,
     layout: &Layout,
-    budget: u32,
+    sb: &crate::format::superblock::Superblock,
     repair: bool,
     progress: Progress<'_>,
 ) -> Result<Report> {
+    let budget = sb.inline_bytes;
     let (store, names): (Arc<dyn MetaStore>, Keyspace) = match &keys {
         Some(k) => (
             Arc::new(SealedStore::new(Arc::clone(&raw), Arc::clone(k))),
@@ -445,6 +442,7 @@ fn check_store(
         lost_found: None,
         orphans: 0,
         unclean: false,
+        remote: sb.has_object_store(),
     };
     let mount_state = c.raw.get(keys::MOUNT_STATE)?;
     c.unclean = match mount_state.map(|rec| c.open(keys::MOUNT_STATE, rec)) {

@@ -30,7 +30,9 @@ fn shape(key: &[u8]) -> Shape {
     let named = |max: usize| (9 + NAME_OVERHEAD + 1..=9 + NAME_OVERHEAD + max).contains(&key.len());
     let ino = keys::key_ino(key).unwrap_or(0);
     match key.first().copied() {
-        _ if key == keys::SUPERBLOCK || key == keys::KEY_RECORD => Shape::Clear,
+        _ if key == keys::SUPERBLOCK || key == keys::KEY_RECORD || key == keys::DATA_STORE => {
+            Shape::Clear
+        }
         _ if key == keys::COUNTERS || key == keys::MOUNT_STATE => Shape::Volume,
         Some(keys::P_INODE) if key.len() == 9 => Shape::Inode(ino),
         Some(keys::P_SYMLINK | keys::P_ORPHAN | keys::P_WRITING) if key.len() == 9 => {
@@ -38,6 +40,8 @@ fn shape(key: &[u8]) -> Shape {
         }
         Some(keys::P_SPILL) if keys::spill_page_of(key).is_some() => Shape::Of(ino),
         Some(keys::P_DIRINDEX) if key.len() == 17 => Shape::Of(ino),
+        Some(keys::P_BLOCK) if key.len() == 13 => Shape::Of(ino),
+        Some(keys::P_DOOMED) if key.len() == 21 => Shape::Volume,
         Some(keys::P_DIRENT) if named(NAME_MAX) => Shape::Of(ino),
         Some(keys::P_OVERFLOW) if named(XATTR_NAME_MAX) => Shape::Of(ino),
         _ => Shape::Malformed,

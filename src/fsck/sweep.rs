@@ -131,7 +131,9 @@ impl Checker<'_> {
             if i.is_symlink() && !info.has_symlink {
                 self.find(format!("symlink {ino}: target missing"), false);
             }
-            if i.is_reg() && !info.writer_marker {
+            if i.is_reg() && self.remote {
+                self.check_block_map(ino, i, &mut info.dirty)?;
+            } else if i.is_reg() && !info.writer_marker {
                 match std::fs::metadata(self.backing_path(ino)) {
                     Ok(m) => {
                         let size = self.backing_size(ino, m.size())?;

@@ -116,6 +116,24 @@ impl CmdOutput {
     }
 }
 
+/// Variables every command these helpers run gets on top of the test's
+/// environment (an object store's endpoint and keys), set once per test
+/// binary: tests run in threads, and changing their own environment
+/// would race.
+pub static CHILD_ENV: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+
+fn with_child_env(cmd: &mut Command) {
+    if let Some(env) = CHILD_ENV.get() {
+        // What the caller set on this command itself wins.
+        let own: Vec<std::ffi::OsString> = cmd.get_envs().map(|(k, _)| k.to_owned()).collect();
+        for (k, v) in env {
+            if !own.iter().any(|o| o == k.as_str()) {
+                cmd.env(k, v);
+            }
+        }
+    }
+}
+
 /// Runs `cmd` to completion with a timeout. stdout and stderr go to anonymous
 /// temporary files, not pipes: a daemon that inherits them can never make the
 /// caller hang waiting for end-of-file.
@@ -141,6 +159,7 @@ pub fn umount_once_released(mnt: &Path) -> CmdOutput {
 
 #[track_caller]
 pub fn run_cmd_timeout(cmd: &mut Command, timeout: Duration) -> CmdOutput {
+    with_child_env(cmd);
     let mut out = tempfile::tempfile().expect("temp file for stdout");
     let mut err = tempfile::tempfile().expect("temp file for stderr");
     cmd.stdin(Stdio::null())
@@ -527,6 +546,7 @@ impl TestVolume {
             .open(self.root_path.join("daemon.log"))
             .expect("open daemon.log");
         let mut cmd = Command::new(SAFS);
+        with_child_env(&mut cmd);
         cmd.args(self.mount_args())
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())

@@ -145,6 +145,16 @@ rgw data = {d}/rgw
         )
     }
 
+    /// Shell `export` lines for an S3 client of this server: its keys,
+    /// endpoint and a region.
+    pub fn aws_exports(&self) -> String {
+        format!(
+            "export AWS_ACCESS_KEY_ID={ACCESS_KEY}\nexport AWS_SECRET_ACCESS_KEY={SECRET_KEY}\n\
+             export AWS_ENDPOINT_URL={}\nexport AWS_REGION=us-east-1\n",
+            self.endpoint
+        )
+    }
+
     /// Makes bucket `name` (as a user would, with s3cmd).
     pub fn create_bucket(&self, name: &str) -> Result<(), String> {
         let host = self.endpoint.trim_start_matches("http://");

@@ -20,7 +20,7 @@ pub struct SealedStore {
 
 /// Records that stay in the clear.
 fn clear(key: &[u8]) -> bool {
-    key == keys::SUPERBLOCK || key == keys::KEY_RECORD
+    key == keys::SUPERBLOCK || key == keys::KEY_RECORD || key == keys::DATA_STORE
 }
 
 impl SealedStore {

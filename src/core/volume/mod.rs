@@ -36,7 +36,8 @@ pub const ROOT_INO: u64 = 1;
 /// Feature bits this build understands.
 pub const KNOWN_FEATURES: u64 = crate::format::superblock::FEATURE_ENCRYPTED
     | crate::format::superblock::FEATURE_PAGE_BLOCKS
-    | crate::format::superblock::FEATURE_SPILL_PAGES;
+    | crate::format::superblock::FEATURE_SPILL_PAGES
+    | crate::format::superblock::FEATURE_OBJECT_STORE;
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -84,6 +85,13 @@ pub enum VolumeError {
     /// Another process holds the volume's lock: says who and where.
     #[error("{0}")]
     Busy(String),
+    #[error("{0}")]
+    Store(crate::objstore::StoreError),
+    #[error(
+        "{0} already holds file contents (of another volume?): give an empty prefix, \
+         or use --force to format over them (they are not deleted)"
+    )]
+    StoreInUse(String),
 }
 
 impl From<MetaError> for VolumeError {
@@ -135,6 +143,9 @@ pub struct FormatOptions {
     pub encryption: Option<Encryption>,
     /// Where the metadata goes: LMDB in the volume, or a PostgreSQL database.
     pub engine: meta::NewEngine,
+    /// Where file contents go: an object store's URL (`s3://BUCKET/PREFIX`),
+    /// or `None` for the volume's `data/` directory.
+    pub data: Option<String>,
 }
 
 /// Creates a volume in `dir`. On failure nothing is left behind that was
@@ -202,6 +213,10 @@ pub fn format(dir: &Path, opts: &FormatOptions) -> Result<Superblock, VolumeErro
 }
 
 fn write_new_volume(layout: &Layout, opts: &FormatOptions) -> Result<Superblock, VolumeError> {
+    // The store first: a wrong URL or credentials leave nothing behind.
+    if let Some(url) = &opts.data {
+        check_data_store(url, opts.force)?;
+    }
     let data = layout.data();
     let mut b = fs::DirBuilder::new();
     b.mode(0o700);
@@ -228,6 +243,19 @@ fn write_new_volume(layout: &Layout, opts: &FormatOptions) -> Result<Superblock,
     Ok(sb)
 }
 
+/// Checks that the object store at `url` answers with this process's
+/// credentials and holds no other volume's contents under its prefix.
+fn check_data_store(url: &str, force: bool) -> Result<(), VolumeError> {
+    use crate::objstore::{Limits, Store, StoreConfig};
+    let config = StoreConfig::from_env(url).map_err(VolumeError::Store)?;
+    let store = Store::new(config, Limits::default()).map_err(VolumeError::Store)?;
+    store.check().map_err(VolumeError::Store)?;
+    if !force && !store.list("b/").map_err(VolumeError::Store)?.is_empty() {
+        return Err(VolumeError::StoreInUse(url.to_string()));
+    }
+    Ok(())
+}
+
 /// The records of a new, empty volume: superblock, counters, root directory.
 pub fn initial_records(opts: &FormatOptions) -> (Superblock, Vec<crate::meta::Write>) {
     let now = Timestamp::now();
@@ -239,6 +267,11 @@ pub fn initial_records(opts: &FormatOptions) -> (Superblock, Vec<crate::meta::Wr
             | if opts.encryption.is_some() {
                 crate::format::superblock::FEATURE_ENCRYPTED
                     | crate::format::superblock::FEATURE_PAGE_BLOCKS
+            } else {
+                0
+            }
+            | if opts.data.is_some() {
+                crate::format::superblock::FEATURE_OBJECT_STORE
             } else {
                 0
             },
@@ -264,11 +297,17 @@ pub fn initial_records(opts: &FormatOptions) -> (Superblock, Vec<crate::meta::Wr
         inodes: 1,
     };
     let rk = keys::inode(ROOT_INO);
-    let records = vec![
+    let mut records = vec![
         (keys::SUPERBLOCK.to_vec(), Some(sb.encode())),
         (keys::COUNTERS.to_vec(), Some(counters.encode())),
         (rk.to_vec(), Some(root.encode(&rk))),
     ];
+    if let Some(url) = &opts.data {
+        records.push((
+            keys::DATA_STORE.to_vec(),
+            Some(crate::format::blocks::encode_store(url)),
+        ));
+    }
     (sb, records)
 }
 

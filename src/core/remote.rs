@@ -1,0 +1,578 @@
+//! Contents in an object store (volumes formatted with `--data s3://...`).
+//!
+//! The backing file stays where every data path reads and writes (FUSE
+//! passthrough included), but it is a cache: the contents are the blocks
+//! the block map (`B` records, see `format::blocks`) names, immutable
+//! objects in the store. So:
+//!
+//! - **Before a file is opened or truncated** its backing file is brought up
+//!   to date with the map ([`Fs::fetch`]): blocks whose bytes differ (or a
+//!   backing file lost with a node's cache) come from the store, checked
+//!   against the hash the map records. Once done, the inode is *current*
+//!   for the rest of the session, and reads cost what they cost on a local
+//!   volume.
+//! - **When the last writer closes, at `fsync` and after a truncate** the
+//!   blocks whose bytes changed go up as new objects ([`Fs::upload`]), and
+//!   the map records that name them are applied in one batch with the
+//!   file's size: after a crash the size and the blocks agree. `fsync`
+//!   waits for that batch.
+//! - **A backing file that may hold what the store does not** carries the
+//!   `user.safs.dirty` mark from a writer's open until an upload covers
+//!   every change; the recovery after an unclean stop uploads the marked
+//!   ones. A backing file that matches a map carries that map's digest in
+//!   `user.safs.map`, so a later session need not read it to know.
+//! - **Objects no record names** (a block replaced, a file truncated or
+//!   freed) are queued (`Q` records, in the batch that drops them) and
+//!   deleted by a background thread once that batch is durable.
+//!
+//! One node serves the volume at a time here: what several nodes need on
+//! top (a node's cached blocks dropped when another changes the map, and
+//! objects kept while another node may still read them) is not built yet.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::store::Store;
+use super::{CoreError, Fs, Result};
+use crate::format::blocks::{self, BLOCK, BlockRef};
+use crate::format::keys;
+use crate::meta::Write;
+use crate::objstore::{self, StoreError};
+
+/// The mark of a backing file that may hold changes the store lacks.
+const DIRTY: &std::ffi::CStr = c"user.safs.dirty";
+/// The digest of the block map a backing file matches.
+const MAP: &std::ffi::CStr = c"user.safs.map";
+/// Per-inode locks: one fetch or upload of a file at a time.
+const STRIPES: usize = 64;
+/// How often the deleter looks for objects to delete.
+const DELETE_EVERY: Duration = Duration::from_secs(1);
+/// Objects deleted per batch of `Q` records.
+const DELETE_BATCH: usize = 256;
+
+pub(super) struct Remote {
+    store: Arc<objstore::Store>,
+    stripes: Box<[Mutex<()>]>,
+    /// Inodes whose backing file is known to hold their contents this
+    /// session (fetched, uploaded, or dirty).
+    current: Mutex<HashSet<u64>>,
+    /// Writable opens and truncates per inode: an upload clears the dirty
+    /// mark only if none came while it ran.
+    changes: Mutex<HashMap<u64, u64>>,
+    /// Files whose last upload failed: tried again at unmount.
+    failed: Mutex<HashSet<u64>>,
+    deleter: Mutex<Option<JoinHandle<()>>>,
+    stop: Arc<(Mutex<bool>, Condvar)>,
+}
+
+impl Remote {
+    /// Connects to the store the volume's `U` record names, with the
+    /// credentials of this process's environment, and checks that it
+    /// answers.
+    pub(super) fn connect(url: &str, data_dir: &Path) -> Result<Remote> {
+        let config = objstore::StoreConfig::from_env(url).map_err(CoreError::Store)?;
+        let store =
+            objstore::Store::new(config, objstore::Limits::default()).map_err(CoreError::Store)?;
+        store.check().map_err(CoreError::Store)?;
+        // The marks live in xattrs of the backing files.
+        let probe = data_dir.join("00");
+        let f = File::open(&probe)?;
+        if let Err(e) = set_xattr(&f, MAP, b"") {
+            return Err(CoreError::Io(std::io::Error::new(
+                e.kind(),
+                format!(
+                    "{}: the filesystem under the volume must support user xattrs \
+                     for a volume whose contents are in an object store: {e}",
+                    data_dir.display()
+                ),
+            )));
+        }
+        let _ = remove_xattr(&f, MAP);
+        Ok(Remote {
+            store: Arc::new(store),
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            current: Mutex::new(HashSet::new()),
+            changes: Mutex::new(HashMap::new()),
+            failed: Mutex::new(HashSet::new()),
+            deleter: Mutex::new(None),
+            stop: Arc::new((Mutex::new(false), Condvar::new())),
+        })
+    }
+
+    pub(super) fn url(&self) -> String {
+        self.store.url().to_string()
+    }
+
+    fn lock(&self, ino: u64) -> &Mutex<()> {
+        &self.stripes[(ino as usize) % STRIPES]
+    }
+
+    /// Starts deleting the objects queued for deletion.
+    pub(super) fn start_deleter(&self, meta: Arc<Store>) {
+        let (store, stop) = (Arc::clone(&self.store), Arc::clone(&self.stop));
+        let t = std::thread::Builder::new()
+            .name("safs-deleter".into())
+            .spawn(move || {
+                loop {
+                    {
+                        let (lock, cv) = &*stop;
+                        let mut s = lock.lock();
+                        if !*s {
+                            cv.wait_for(&mut s, DELETE_EVERY);
+                        }
+                        if *s {
+                            return;
+                        }
+                    }
+                    if let Err(e) = delete_doomed(&meta, &store) {
+                        tracing::warn!(error = %e, "deleting unreferenced objects: retried later");
+                    }
+                }
+            });
+        match t {
+            Ok(t) => *self.deleter.lock() = Some(t),
+            Err(e) => tracing::warn!(error = %e, "cannot start the object deleter"),
+        }
+    }
+
+    fn stop_deleter(&self) {
+        *self.stop.0.lock() = true;
+        self.stop.1.notify_all();
+        if let Some(t) = self.deleter.lock().take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Deletes the objects whose `Q` records are durable (read from the engine,
+/// not the overlay), then their records.
+fn delete_doomed(meta: &Store, store: &objstore::Store) -> Result<()> {
+    let (start, end) = keys::prefix_range(keys::P_DOOMED);
+    loop {
+        let page = meta.engine().scan(&start, &end, DELETE_BATCH)?;
+        if page.is_empty() {
+            return Ok(());
+        }
+        let mut w: Vec<Write> = Vec::with_capacity(page.len());
+        for (k, _) in &page {
+            if let (Some(ino), Some(b), Some(g)) =
+                (keys::key_ino(k), keys::key_block(k), keys::key_gen(k))
+            {
+                store
+                    .delete(&blocks::object_key(ino, b, g))
+                    .map_err(CoreError::Store)?;
+            }
+            w.push((k.clone(), None));
+        }
+        let _lease = meta.lease()?;
+        let seq = meta.apply(w);
+        drop(_lease);
+        meta.wait_durable(seq)?;
+        if page.len() < DELETE_BATCH {
+            return Ok(());
+        }
+    }
+}
+
+impl Fs {
+    /// Brings `ino`'s backing file up to date with its block map before it
+    /// is opened or truncated (see the module comment). Nothing on volumes
+    /// without an object store.
+    pub(super) fn fetch(&self, ino: u64) -> Result<()> {
+        let Some(r) = &self.remote else {
+            return Ok(());
+        };
+        if r.current.lock().contains(&ino) {
+            return Ok(());
+        }
+        let _g = r.lock(ino).lock();
+        if r.current.lock().contains(&ino) {
+            return Ok(());
+        }
+        let map = self.block_map(ino)?;
+        let digest = map_digest(&map);
+        let path = self.data.path(ino);
+        let local = match open_raw(&path) {
+            Ok(f) => Some(f),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(f) = &local {
+            // Changes the store does not have yet: the backing file is newer.
+            if get_xattr(f, DIRTY)?.is_some() || get_xattr(f, MAP)?.as_deref() == Some(&digest[..])
+            {
+                r.current.lock().insert(ino);
+                return Ok(());
+            }
+        }
+        if map.is_empty() && local.is_none() {
+            r.current.lock().insert(ino);
+            return Ok(());
+        }
+        if local.is_none() {
+            drop(self.data.open(ino)?);
+        }
+        let f = open_raw(&path)?;
+        let mut buf = Vec::new();
+        let mut fetched = 0u64;
+        for (i, b) in map.iter().enumerate() {
+            let off = i as u64 * BLOCK;
+            buf.resize(b.len as usize, 0);
+            let n = read_full(&f, &mut buf, off)?;
+            if n == buf.len() && blocks::hash(&buf) == b.hash {
+                continue;
+            }
+            if b.is_zero() {
+                buf.fill(0);
+            } else {
+                buf = self.get_block(r, ino, i as u32, b)?;
+                fetched += 1;
+            }
+            f.write_all_at(&buf, off)?;
+        }
+        let len = map_len(&map);
+        f.set_len(len)?;
+        // Fetching is no change: the backing file keeps the file's mtime
+        // (a writer's close takes a newer one from it).
+        let mtime = {
+            let mut st = self.state.lock();
+            self.inode(&mut st, ino)?.mtime
+        };
+        let t = nix::sys::time::TimeSpec::new(mtime.sec, i64::from(mtime.nsec));
+        nix::sys::stat::futimens(&f, &nix::sys::time::TimeSpec::UTIME_OMIT, &t)
+            .map_err(std::io::Error::from)?;
+        set_xattr(&f, MAP, &digest)?;
+        if fetched > 0 {
+            tracing::debug!(ino, fetched, "blocks fetched from the object store");
+        }
+        r.current.lock().insert(ino);
+        Ok(())
+    }
+
+    /// One block from the store, checked against its record.
+    fn get_block(&self, r: &Remote, ino: u64, block: u32, b: &BlockRef) -> Result<Vec<u8>> {
+        let key = blocks::object_key(ino, block, b.generation);
+        let data = r.store.get(&key).map_err(CoreError::Store)?;
+        if data.len() != b.len as usize || blocks::hash(&data) != b.hash {
+            tracing::error!(
+                ino,
+                block,
+                object = %key,
+                "an object from the store does not match its block record: not served"
+            );
+            return Err(CoreError::Io(std::io::Error::from_raw_os_error(libc::EIO)));
+        }
+        Ok(data)
+    }
+
+    /// Marks `ino`'s backing file as holding changes the store lacks: a
+    /// writable open or a truncate (under the state lock, before the
+    /// change).
+    pub(super) fn mark_dirty(&self, ino: u64, file: &File) -> Result<()> {
+        let Some(r) = &self.remote else {
+            return Ok(());
+        };
+        *r.changes.lock().entry(ino).or_default() += 1;
+        set_xattr(file, DIRTY, b"")?;
+        r.current.lock().insert(ino);
+        Ok(())
+    }
+
+    /// Uploads the blocks of `ino`'s backing file that differ from its map
+    /// and applies the new map with the file's size in one batch; returns
+    /// that batch's sequence number (0: nothing to do). See the module
+    /// comment.
+    pub(super) fn upload(&self, ino: u64) -> Result<u64> {
+        let Some(r) = &self.remote else {
+            return Ok(0);
+        };
+        let _g = r.lock(ino).lock();
+        let change = r.changes.lock().get(&ino).copied().unwrap_or(0);
+        let f = match open_raw(&self.data.path(ino)) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(e.into()),
+        };
+        let meta = f.metadata()?;
+        let len = meta.len();
+        let old = self.block_map(ino)?;
+        let count = len.div_ceil(BLOCK) as usize;
+        let mut map = Vec::with_capacity(count);
+        let mut w: Vec<Write> = Vec::new();
+        let doom = |w: &mut Vec<Write>, i: usize, b: &BlockRef| {
+            if !b.is_zero() {
+                let k = keys::doomed(ino, i as u32, b.generation);
+                w.push((k.to_vec(), Some(blocks::encode_doomed(&k))));
+            }
+        };
+        let mut buf = Vec::new();
+        let mut sent = 0u64;
+        for i in 0..count {
+            let off = i as u64 * BLOCK;
+            buf.resize((len - off).min(BLOCK) as usize, 0);
+            let n = read_full(&f, &mut buf, off)?;
+            buf.truncate(n);
+            let hash = blocks::hash(&buf);
+            let b = match old.get(i) {
+                Some(o) if o.hash == hash && o.len as usize == n => *o,
+                _ => {
+                    let generation = if buf.iter().all(|&x| x == 0) {
+                        0
+                    } else {
+                        let g = new_generation();
+                        r.store
+                            .put(&blocks::object_key(ino, i as u32, g), buf.clone())
+                            .map_err(CoreError::Store)?;
+                        sent += 1;
+                        g
+                    };
+                    BlockRef {
+                        generation,
+                        len: n as u32,
+                        hash,
+                    }
+                }
+            };
+            if old.get(i) != Some(&b) {
+                let k = keys::block(ino, i as u32);
+                w.push((k.to_vec(), Some(b.encode(&k))));
+                if let Some(o) = old.get(i) {
+                    doom(&mut w, i, o);
+                }
+            }
+            map.push(b);
+            if n < BLOCK as usize {
+                // Shorter than the file said: it shrank meanwhile, and a
+                // later upload takes the rest.
+                break;
+            }
+        }
+        for (i, o) in old.iter().enumerate().skip(map.len()) {
+            w.push((keys::block(ino, i as u32).to_vec(), None));
+            doom(&mut w, i, o);
+        }
+        let up_to = map_len(&map);
+        let seq = {
+            let _t = self.writable()?;
+            let mut st = self.state.lock();
+            let Some(c) = self.load_opt(&mut st, ino)? else {
+                // Freed meanwhile: its records went with it.
+                return Ok(0);
+            };
+            let mut inode = c.inode.clone();
+            let size = self.data.plain_size(up_to);
+            if inode.size != size {
+                inode.size = size;
+                inode.blocks = std::os::unix::fs::MetadataExt::blocks(&meta);
+                self.put_inode(&mut st, &mut w, ino, inode);
+            }
+            if w.is_empty() { 0 } else { self.store.apply(w) }
+        };
+        set_xattr(&f, MAP, &map_digest(&map))?;
+        let unchanged = r.changes.lock().get(&ino).copied().unwrap_or(0) == change;
+        if unchanged && up_to == len && self.state.lock().writer_backing(ino).is_none() {
+            remove_xattr(&f, DIRTY)?;
+        }
+        r.failed.lock().remove(&ino);
+        if sent > 0 {
+            tracing::debug!(ino, sent, "blocks uploaded to the object store");
+        }
+        Ok(seq)
+    }
+
+    /// [`Fs::upload`] where nobody waits for it (a writer's close): a
+    /// failure is logged and tried again at unmount.
+    pub(super) fn upload_later_if_failing(&self, ino: u64) {
+        if let Err(e) = self.upload(ino) {
+            tracing::warn!(ino, error = %e, "cannot upload a closed file's contents: tried again at unmount");
+            if let Some(r) = &self.remote {
+                r.failed.lock().insert(ino);
+            }
+        }
+    }
+
+    /// At unmount: the uploads that failed, tried once more, and the
+    /// deleter stopped. False if some contents are still only local (the
+    /// volume is then left for the next mount's recovery).
+    pub(super) fn finish_remote(&self) -> bool {
+        let Some(r) = &self.remote else {
+            return true;
+        };
+        r.stop_deleter();
+        let failed: Vec<u64> = r.failed.lock().iter().copied().collect();
+        let mut all = true;
+        for ino in failed {
+            if let Err(e) = self.upload(ino) {
+                tracing::error!(ino, error = %e, "contents not uploaded: the next mount tries again");
+                all = false;
+            }
+        }
+        all
+    }
+
+    /// At mount: uploads every backing file marked dirty (see the module
+    /// comment), left so by a daemon that stopped before its upload; how
+    /// many. A look at each cached file's xattr, no read.
+    pub(super) fn upload_dirty(&self) -> Result<u64> {
+        let mut done = 0;
+        for i in 0..256 {
+            let dir = self.layout.data().join(format!("{i:02x}"));
+            for e in std::fs::read_dir(&dir)?.flatten() {
+                let Ok(ino) = u64::from_str_radix(&e.file_name().to_string_lossy(), 16) else {
+                    continue;
+                };
+                if marked_dirty(&e.path())? {
+                    self.upload(ino)?;
+                    done += 1;
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// Deletes `ino`'s block records and queues its objects (the inode is
+    /// being freed, in batch `w`).
+    pub(super) fn drop_blocks(&self, w: &mut Vec<Write>, ino: u64) -> Result<()> {
+        let Some(r) = &self.remote else {
+            return Ok(());
+        };
+        let (start, end) = keys::ino_range(keys::P_BLOCK, ino);
+        for (k, v) in self.store.scan(&start, &end, usize::MAX)? {
+            let b = BlockRef::decode(&k, &v).map_err(|e| CoreError::corrupt(&k, e))?;
+            if let (false, Some(i)) = (b.is_zero(), keys::key_block(&k)) {
+                let q = keys::doomed(ino, i, b.generation);
+                w.push((q.to_vec(), Some(blocks::encode_doomed(&q))));
+            }
+            w.push((k, None));
+        }
+        r.current.lock().remove(&ino);
+        r.changes.lock().remove(&ino);
+        Ok(())
+    }
+
+    /// The store's URL, on volumes whose contents are in one.
+    pub fn data_store(&self) -> Option<String> {
+        self.remote.as_ref().map(|r| r.url())
+    }
+
+    /// `ino`'s block map, in block order; a gap is damage.
+    fn block_map(&self, ino: u64) -> Result<Vec<BlockRef>> {
+        let (start, end) = keys::ino_range(keys::P_BLOCK, ino);
+        let mut map = Vec::new();
+        for (k, v) in self.store.scan(&start, &end, usize::MAX)? {
+            if keys::key_block(&k) != Some(map.len() as u32) {
+                return Err(CoreError::corrupt(
+                    &k,
+                    crate::format::FormatError::Malformed("a block record missing before this one"),
+                ));
+            }
+            map.push(BlockRef::decode(&k, &v).map_err(|e| CoreError::corrupt(&k, e))?);
+        }
+        Ok(map)
+    }
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        self.stop_deleter();
+    }
+}
+
+/// Whether the backing file at `path` carries the dirty mark (a missing
+/// one does not). A look at its xattr: no open, no read.
+pub(crate) fn marked_dirty(path: &Path) -> std::io::Result<bool> {
+    let mut buf = [0u8; 1];
+    match rustix::fs::getxattr(path, DIRTY, &mut buf) {
+        Ok(_) => Ok(true),
+        Err(rustix::io::Errno::NODATA | rustix::io::Errno::NOENT) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Bytes a map covers.
+fn map_len(map: &[BlockRef]) -> u64 {
+    match map.last() {
+        Some(b) => (map.len() as u64 - 1) * BLOCK + u64::from(b.len),
+        None => 0,
+    }
+}
+
+fn map_digest(map: &[BlockRef]) -> [u8; 16] {
+    let mut all = Vec::with_capacity(map.len() * 28);
+    for b in map {
+        all.extend_from_slice(&b.generation.to_be_bytes());
+        all.extend_from_slice(&b.len.to_be_bytes());
+        all.extend_from_slice(&b.hash);
+    }
+    blocks::hash(&all)
+}
+
+/// A generation for a new object: random, so that nodes need not agree on
+/// a counter (two versions of one block meet with odds of 2^-64).
+fn new_generation() -> u64 {
+    loop {
+        let mut b = [0u8; 8];
+        getrandom::getrandom(&mut b).expect("the kernel's random numbers");
+        let g = u64::from_ne_bytes(b);
+        if g != 0 {
+            return g;
+        }
+    }
+}
+
+/// The backing file opened for the daemon's own reads and writes, which
+/// must not count as a user's reads (atime, see `data`).
+fn open_raw(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOATIME)
+        .open(path)
+}
+
+fn read_full(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match f.read_at(&mut buf[done..], off + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+fn set_xattr(f: &File, name: &std::ffi::CStr, value: &[u8]) -> std::io::Result<()> {
+    rustix::fs::fsetxattr(f, name, value, rustix::fs::XattrFlags::empty())?;
+    Ok(())
+}
+
+fn get_xattr(f: &File, name: &std::ffi::CStr) -> std::io::Result<Option<Vec<u8>>> {
+    let mut buf = [0u8; 64];
+    match rustix::fs::fgetxattr(f, name, &mut buf) {
+        Ok(n) => Ok(Some(buf[..n].to_vec())),
+        Err(rustix::io::Errno::NODATA) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn remove_xattr(f: &File, name: &std::ffi::CStr) -> std::io::Result<()> {
+    match rustix::fs::fremovexattr(f, name) {
+        Ok(()) | Err(rustix::io::Errno::NODATA) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+impl From<StoreError> for CoreError {
+    fn from(e: StoreError) -> Self {
+        CoreError::Store(e)
+    }
+}

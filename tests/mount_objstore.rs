@@ -1,0 +1,341 @@
+//! Volumes whose contents are in an object store (`safs format --data
+//! s3://...`), mounted for real against a real S3 server: a one-node Ceph
+//! cluster with radosgw (`safs-s3server`; the test script starts one per
+//! run, else each test starts its own).
+//!
+//! The local `data/` directory is a cache: every test here throws it away
+//! at some point and reads the files back from the store.
+
+mod common;
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::time::Duration;
+
+use common::*;
+use nix::sys::signal::{Signal, kill};
+use safs::objstore::{Limits, Store, StoreConfig};
+use safs_s3server::{ACCESS_KEY, SECRET_KEY, TempRgw};
+
+const MIB: usize = 1 << 20;
+
+/// The server (the script's, else this binary's own, stopped at exit) and
+/// the environment every safs command of this binary runs with.
+fn server() -> &'static TempRgw {
+    static SERVER: std::sync::OnceLock<(TempRgw, tempfile::TempDir)> = std::sync::OnceLock::new();
+    let (rgw, _) = SERVER.get_or_init(|| {
+        let dir = tempfile::Builder::new()
+            .prefix("safs-s3")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let rgw = TempRgw::shared_or_start(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        let _ = CHILD_ENV.set(vec![
+            ("AWS_ACCESS_KEY_ID".into(), ACCESS_KEY.into()),
+            ("AWS_SECRET_ACCESS_KEY".into(), SECRET_KEY.into()),
+            ("AWS_ENDPOINT_URL".into(), rgw.endpoint().into()),
+            ("AWS_REGION".into(), "us-east-1".into()),
+        ]);
+        (rgw, dir)
+    });
+    rgw
+}
+
+/// A new bucket for one test, and its URL with a prefix.
+fn bucket(name: &str) -> String {
+    let rgw = server();
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let bucket = format!("safs-{name}-{stamp:x}");
+    rgw.create_bucket(&bucket).unwrap_or_else(|e| panic!("{e}"));
+    format!("s3://{bucket}/vol")
+}
+
+/// A client of the same bucket and prefix, to look at what safs stored.
+fn client(url: &str) -> Store {
+    let rgw = server();
+    let env = [
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+        ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+        ("AWS_ENDPOINT_URL", rgw.endpoint()),
+        ("AWS_REGION", "us-east-1"),
+    ];
+    let config = StoreConfig::resolve(
+        url,
+        &move |k| {
+            env.iter()
+                .find(|(ek, _)| *ek == k)
+                .map(|(_, v)| v.to_string())
+        },
+        None,
+    )
+    .unwrap();
+    Store::new(config, Limits::default()).unwrap()
+}
+
+fn objects(s: &Store) -> Vec<(String, u64)> {
+    s.list("b/")
+        .unwrap()
+        .into_iter()
+        .map(|o| (o.key, o.size))
+        .collect()
+}
+
+/// Waits until the store holds exactly `n` objects (deletion runs in the
+/// background, after the commit that dropped them).
+#[track_caller]
+fn expect_objects(s: &Store, n: usize) {
+    let ok = wait_until(Duration::from_secs(20), || objects(s).len() == n);
+    assert!(ok, "wanted {n} objects, the store holds {:?}", objects(s));
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    let mut x = u64::from(seed) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Throws the node's cache away: every backing file.
+fn lose_cache(v: &TestVolume) {
+    for d in fs::read_dir(v.vol().join("data")).unwrap().flatten() {
+        for f in fs::read_dir(d.path()).unwrap().flatten() {
+            fs::remove_file(f.path()).unwrap();
+        }
+    }
+}
+
+fn s(p: &std::path::Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn volume(url: &str, extra: &[&str]) -> TestVolume {
+    let mut args = vec!["--data", url];
+    args.extend_from_slice(extra);
+    let mut v = TestVolume::formatted(&args);
+    v.mount();
+    v
+}
+
+#[test]
+fn contents_live_in_the_store_and_come_back_when_the_cache_is_lost() {
+    let url = bucket("roundtrip");
+    let mut v = volume(&url, &[]);
+    let big = pattern(1, 9 * MIB + 123);
+    fs::write(v.path("big"), &big).unwrap();
+    fs::write(v.path("small"), b"hello").unwrap();
+    File::create(v.path("empty")).unwrap();
+    // A sparse file: five blocks of zeros, then two bytes.
+    let f = File::create(v.path("sparse")).unwrap();
+    f.write_all_at(b"xy", 20 * MIB as u64).unwrap();
+    drop(f);
+    fs::create_dir(v.path("d")).unwrap();
+    fs::write(v.path("d/inner"), pattern(2, 5000)).unwrap();
+    v.unmount();
+
+    // 3 blocks of big, 1 of small, 1 of sparse (zeros are no object), 1 inner.
+    let store = client(&url);
+    let listed = objects(&store);
+    assert_eq!(listed.len(), 6, "{listed:?}");
+    assert_eq!(
+        listed.iter().map(|(_, n)| n).sum::<u64>(),
+        (big.len() + 5 + 2 + 5000) as u64
+    );
+    let out = safs(["fsck", s(v.vol())]);
+    out.assert_success("fsck after a clean unmount");
+    assert!(out.stdout.contains("clean"), "{}", out.stdout);
+
+    lose_cache(&v);
+    let out = safs(["fsck", s(v.vol())]);
+    out.assert_success("fsck with the cache lost");
+    v.mount();
+    assert_eq!(fs::metadata(v.path("big")).unwrap().len(), big.len() as u64);
+    assert_eq!(fs::read(v.path("big")).unwrap(), big);
+    assert_eq!(fs::read(v.path("small")).unwrap(), b"hello");
+    assert_eq!(fs::read(v.path("empty")).unwrap(), b"");
+    let sparse = fs::read(v.path("sparse")).unwrap();
+    assert_eq!(sparse.len(), 20 * MIB + 2);
+    assert!(sparse[..20 * MIB].iter().all(|&b| b == 0));
+    assert_eq!(&sparse[20 * MIB..], b"xy");
+    assert_eq!(fs::read(v.path("d/inner")).unwrap(), pattern(2, 5000));
+    // Reading changed nothing in the store.
+    assert_eq!(objects(&store), listed);
+}
+
+#[test]
+fn overwrites_truncates_and_removes_leave_no_object_behind() {
+    let url = bucket("churn");
+    let mut v = volume(&url, &[]);
+    let store = client(&url);
+    let mut want = pattern(3, 9 * MIB);
+    fs::write(v.path("f"), &want).unwrap();
+    expect_objects(&store, 3);
+    let before = objects(&store);
+
+    // One byte in the middle block: that block is a new object, the old
+    // one goes; the others stay as they were.
+    let f = OpenOptions::new().write(true).open(v.path("f")).unwrap();
+    f.write_all_at(b"!", (5 * MIB) as u64).unwrap();
+    want[5 * MIB] = b'!';
+    drop(f);
+    let changed = wait_until(Duration::from_secs(20), || {
+        let now = objects(&store);
+        now.len() == 3 && now[1] != before[1]
+    });
+    assert!(changed, "{before:?} then {:?}", objects(&store));
+    let after = objects(&store);
+    assert_eq!(after[0], before[0]);
+    assert_ne!(after[1].0, before[1].0);
+    assert_eq!(after[2], before[2]);
+    assert_eq!(fs::read(v.path("f")).unwrap(), want);
+
+    // A truncate by path, with no writer open.
+    run_cmd(std::process::Command::new("truncate").args(["-s", "1000000", s(&v.path("f"))]))
+        .assert_success("truncate");
+    want.truncate(1_000_000);
+    expect_objects(&store, 1);
+    v.unmount();
+    lose_cache(&v);
+    v.mount();
+    assert_eq!(fs::read(v.path("f")).unwrap(), want);
+
+    // Removed: nothing left in the store.
+    fs::remove_file(v.path("f")).unwrap();
+    expect_objects(&store, 0);
+    v.unmount();
+    safs(["fsck", s(v.vol())]).assert_success("fsck after the removal");
+}
+
+#[test]
+fn fsync_puts_contents_in_the_store_before_a_kill() {
+    let url = bucket("fsync");
+    let mut v = volume(&url, &[]);
+    let data = pattern(4, 6 * MIB + 17);
+    let mut f = File::create(v.path("synced")).unwrap();
+    f.write_all(&data).unwrap();
+    f.sync_all().unwrap();
+    // Killed with the file still open: no close uploads it.
+    let pid = daemon_pid(v.vol());
+    kill(pid, Signal::SIGKILL).unwrap();
+    v.unmount_after_crash();
+    drop(f);
+    lose_cache(&v);
+    let out = safs(["fsck", s(v.vol())]);
+    out.assert_success("fsck after the kill, the cache lost");
+    v.mount();
+    assert_eq!(fs::read(v.path("synced")).unwrap(), data);
+}
+
+#[test]
+fn a_killed_daemons_unsynced_writes_are_uploaded_at_the_next_mount() {
+    let url = bucket("unsynced");
+    let mut v = volume(&url, &[]);
+    let data = pattern(5, 5 * MIB);
+    let mut f = File::create(v.path("open")).unwrap();
+    // The name is durable; the contents are not synced.
+    File::open(v.mnt()).unwrap().sync_all().unwrap();
+    f.write_all(&data).unwrap();
+    f.flush().unwrap();
+    let pid = daemon_pid(v.vol());
+    kill(pid, Signal::SIGKILL).unwrap();
+    v.unmount_after_crash();
+    drop(f);
+    let out = safs(["fsck", s(v.vol())]);
+    out.assert_success("fsck after the kill");
+    assert!(
+        out.stdout.contains("leftover:") && out.stdout.contains("not in the object store yet"),
+        "{}",
+        out.stdout
+    );
+    // The next mount uploads what the cache holds...
+    v.mount();
+    v.unmount();
+    assert_eq!(objects(&client(&url)).len(), 2);
+    // ...so the contents outlive the cache.
+    lose_cache(&v);
+    v.mount();
+    assert_eq!(fs::read(v.path("open")).unwrap(), data);
+}
+
+#[test]
+fn encrypted_contents_reach_the_store_sealed() {
+    let url = bucket("sealed");
+    let root = tempfile::tempdir().unwrap();
+    let pass = root.path().join("pass");
+    fs::write(&pass, "a passphrase for the store test\n").unwrap();
+    let opt = format!("passphrase_file={}", s(&pass));
+    let mut v = TestVolume::formatted(&[
+        "--data",
+        &url,
+        "--encrypt",
+        "--passphrase-file",
+        s(&pass),
+        "--kdf-testing",
+    ]);
+    v.set_options(&[&opt]);
+    v.mount();
+    let plain: Vec<u8> = b"PLAINTEXT-MARKER-".repeat(300_000);
+    fs::write(v.path("secret"), &plain).unwrap();
+    v.unmount();
+    let store = client(&url);
+    let listed = objects(&store);
+    assert!(!listed.is_empty());
+    for (key, _) in &listed {
+        let bytes = store.get(key).unwrap();
+        assert!(
+            !bytes.windows(17).any(|w| w == b"PLAINTEXT-MARKER-"),
+            "{key} holds plaintext"
+        );
+    }
+    lose_cache(&v);
+    v.mount();
+    assert_eq!(fs::read(v.path("secret")).unwrap(), plain);
+}
+
+#[test]
+fn format_refuses_an_unreachable_store_and_a_used_prefix() {
+    let url = bucket("format");
+    let root = tempfile::tempdir().unwrap();
+    // Nobody listens there: one clear line, nothing left behind.
+    let vol = root.path().join("v1");
+    let out = run_cmd(
+        std::process::Command::new(env!("CARGO_BIN_EXE_safs"))
+            .args(["format", s(&vol), "--data", &url])
+            .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+            .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+    );
+    assert!(!out.success());
+    assert!(
+        out.stderr.contains("cannot reach the object store"),
+        "{}",
+        out.stderr
+    );
+    assert!(!vol.exists());
+    // A prefix that holds a volume's contents already.
+    let mut v = volume(&url, &[]);
+    fs::write(v.path("f"), b"contents").unwrap();
+    v.unmount();
+    let out = safs(["format", s(&root.path().join("v2")), "--data", &url]);
+    assert!(!out.success());
+    assert!(
+        out.stderr.contains("already holds file contents"),
+        "{}",
+        out.stderr
+    );
+    // A URL that is none.
+    let out = safs(["format", s(&root.path().join("v3")), "--data", "http://x/y"]);
+    assert!(!out.success());
+    assert!(
+        out.stderr.contains("not an object store URL"),
+        "{}",
+        out.stderr
+    );
+}
