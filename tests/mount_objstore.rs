@@ -136,21 +136,29 @@ fn contents_live_in_the_store_and_come_back_when_the_cache_is_lost() {
     let f = File::create(v.path("sparse")).unwrap();
     f.write_all_at(b"xy", 20 * MIB as u64).unwrap();
     drop(f);
+    // A terabyte of hole and one byte: holes are neither read nor stored.
+    let f = File::create(v.path("huge")).unwrap();
+    f.write_all_at(b"z", 1 << 40).unwrap();
+    drop(f);
     fs::create_dir(v.path("d")).unwrap();
     fs::write(v.path("d/inner"), pattern(2, 5000)).unwrap();
     v.unmount();
 
-    // 3 blocks of big, 1 of small, 1 of sparse (zeros are no object), 1 inner.
+    // 3 blocks of big, 1 of small, 1 of sparse and of huge, 1 inner.
     let store = client(&url);
     let listed = objects(&store);
-    assert_eq!(listed.len(), 6, "{listed:?}");
+    assert_eq!(listed.len(), 7, "{listed:?}");
     assert_eq!(
         listed.iter().map(|(_, n)| n).sum::<u64>(),
-        (big.len() + 5 + 2 + 5000) as u64
+        (big.len() + 5 + 2 + 1 + 5000) as u64
     );
     let out = safs(["fsck", s(v.vol())]);
     out.assert_success("fsck after a clean unmount");
-    assert!(out.stdout.contains("clean"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains(": clean") && !out.stdout.contains("leftover"),
+        "{}",
+        out.stdout
+    );
 
     lose_cache(&v);
     let out = safs(["fsck", s(v.vol())]);
@@ -164,6 +172,11 @@ fn contents_live_in_the_store_and_come_back_when_the_cache_is_lost() {
     assert_eq!(sparse.len(), 20 * MIB + 2);
     assert!(sparse[..20 * MIB].iter().all(|&b| b == 0));
     assert_eq!(&sparse[20 * MIB..], b"xy");
+    let huge = File::open(v.path("huge")).unwrap();
+    assert_eq!(huge.metadata().unwrap().len(), (1 << 40) + 1);
+    let mut tail = [0u8; 2];
+    assert_eq!(huge.read_at(&mut tail, (1 << 40) - 1).unwrap(), 2);
+    assert_eq!(&tail, b"\0z");
     assert_eq!(fs::read(v.path("d/inner")).unwrap(), pattern(2, 5000));
     // Reading changed nothing in the store.
     assert_eq!(objects(&store), listed);
@@ -210,7 +223,9 @@ fn overwrites_truncates_and_removes_leave_no_object_behind() {
     fs::remove_file(v.path("f")).unwrap();
     expect_objects(&store, 0);
     v.unmount();
-    safs(["fsck", s(v.vol())]).assert_success("fsck after the removal");
+    let out = safs(["fsck", s(v.vol())]);
+    out.assert_success("fsck after the removal");
+    assert!(!out.stdout.contains("leftover"), "{}", out.stdout);
 }
 
 #[test]

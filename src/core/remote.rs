@@ -29,7 +29,7 @@
 //! top (a node's cached blocks dropped when another changes the map, and
 //! objects kept while another node may still read them) is not built yet.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
@@ -220,25 +220,28 @@ impl Fs {
             drop(self.data.open(ino)?);
         }
         let f = open_raw(&path)?;
+        let len = map_len(&map);
+        // Cut first: what lies past the map's end is not the file's, and
+        // a missing block is a hole.
+        f.set_len(len)?;
         let mut buf = Vec::new();
         let mut fetched = 0u64;
-        for (i, b) in map.iter().enumerate() {
-            let off = i as u64 * BLOCK;
-            buf.resize(b.len as usize, 0);
-            let n = read_full(&f, &mut buf, off)?;
-            if n == buf.len() && blocks::hash(&buf) == b.hash {
-                continue;
+        for (idx, off, n) in blocks_of(len) {
+            match map.get(&idx).filter(|b| !b.is_zero()) {
+                Some(b) => {
+                    buf.resize(n as usize, 0);
+                    if read_full(&f, &mut buf, off)? == buf.len() && blocks::hash(&buf) == b.hash {
+                        continue;
+                    }
+                    buf = self.get_block(r, ino, idx, b)?;
+                    f.write_all_at(&buf, off)?;
+                    fetched += 1;
+                }
+                // Zeros: a hole, unless the backing file has data there.
+                None if data_in(&f, off, n)? => punch(&f, off, n)?,
+                None => {}
             }
-            if b.is_zero() {
-                buf.fill(0);
-            } else {
-                buf = self.get_block(r, ino, i as u32, b)?;
-                fetched += 1;
-            }
-            f.write_all_at(&buf, off)?;
         }
-        let len = map_len(&map);
-        f.set_len(len)?;
         // Fetching is no change: the backing file keeps the file's mtime
         // (a writer's close takes a newer one from it).
         let mtime = {
@@ -288,12 +291,20 @@ impl Fs {
     /// Uploads the blocks of `ino`'s backing file that differ from its map
     /// and applies the new map with the file's size in one batch; returns
     /// that batch's sequence number (0: nothing to do). See the module
-    /// comment.
-    pub(super) fn upload(&self, ino: u64) -> Result<u64> {
+    /// comment. `closing`: the caller is the last writer's close, whose
+    /// handle still counts as open.
+    pub(super) fn upload(&self, ino: u64, closing: bool) -> Result<u64> {
         let Some(r) = &self.remote else {
             return Ok(0);
         };
         let _g = r.lock(ino).lock();
+        {
+            // Unlinked: nobody can open it again, and its blocks go with it.
+            let mut st = self.state.lock();
+            if self.load_opt(&mut st, ino)?.is_none_or(|c| c.inode.nlink == 0) {
+                return Ok(0);
+            }
+        }
         let change = r.changes.lock().get(&ino).copied().unwrap_or(0);
         let f = match open_raw(&self.data.path(ino)) {
             Ok(f) => f,
@@ -301,38 +312,39 @@ impl Fs {
             Err(e) => return Err(e.into()),
         };
         let meta = f.metadata()?;
-        let len = meta.len();
+        let mut len = meta.len();
         let old = self.block_map(ino)?;
-        let count = len.div_ceil(BLOCK) as usize;
-        let mut map = Vec::with_capacity(count);
-        let mut w: Vec<Write> = Vec::new();
-        let doom = |w: &mut Vec<Write>, i: usize, b: &BlockRef| {
-            if !b.is_zero() {
-                let k = keys::doomed(ino, i as u32, b.generation);
-                w.push((k.to_vec(), Some(blocks::encode_doomed(&k))));
-            }
-        };
+        let mut map = BTreeMap::new();
         let mut buf = Vec::new();
         let mut sent = 0u64;
-        for i in 0..count {
-            let off = i as u64 * BLOCK;
+        let mut at = 0;
+        while at < len {
+            // Holes are zeros: no read, no record.
+            let Some(data) = next_data(&f, at)?.filter(|&d| d < len) else {
+                break;
+            };
+            let idx = (data / BLOCK) as u32;
+            let off = u64::from(idx) * BLOCK;
             buf.resize((len - off).min(BLOCK) as usize, 0);
             let n = read_full(&f, &mut buf, off)?;
-            buf.truncate(n);
+            if n < buf.len() {
+                // It shrank meanwhile: a later upload takes the rest.
+                buf.truncate(n);
+                len = off + n as u64;
+            }
+            at = off + BLOCK;
+            if buf.iter().all(|&x| x == 0) {
+                continue;
+            }
             let hash = blocks::hash(&buf);
-            let b = match old.get(i) {
-                Some(o) if o.hash == hash && o.len as usize == n => *o,
+            let b = match old.get(&idx) {
+                Some(o) if o.hash == hash && o.len as usize == n && !o.is_zero() => *o,
                 _ => {
-                    let generation = if buf.iter().all(|&x| x == 0) {
-                        0
-                    } else {
-                        let g = new_generation();
-                        r.store
-                            .put(&blocks::object_key(ino, i as u32, g), buf.clone())
-                            .map_err(CoreError::Store)?;
-                        sent += 1;
-                        g
-                    };
+                    let generation = new_generation();
+                    r.store
+                        .put(&blocks::object_key(ino, idx, generation), buf.clone())
+                        .map_err(CoreError::Store)?;
+                    sent += 1;
                     BlockRef {
                         generation,
                         len: n as u32,
@@ -340,25 +352,29 @@ impl Fs {
                     }
                 }
             };
-            if old.get(i) != Some(&b) {
-                let k = keys::block(ino, i as u32);
-                w.push((k.to_vec(), Some(b.encode(&k))));
-                if let Some(o) = old.get(i) {
-                    doom(&mut w, i, o);
-                }
+            map.insert(idx, b);
+        }
+        // The last block is always recorded: it says where the file ends.
+        if let Some((idx, _, n)) = blocks_of(len).last() {
+            map.entry(idx).or_insert(BlockRef {
+                generation: 0,
+                len: n as u32,
+                hash: [0; 16],
+            });
+        }
+        let mut w: Vec<Write> = Vec::new();
+        for idx in old.keys().chain(map.keys()).copied().collect::<std::collections::BTreeSet<u32>>() {
+            let (was, now) = (old.get(&idx), map.get(&idx));
+            if was == now {
+                continue;
             }
-            map.push(b);
-            if n < BLOCK as usize {
-                // Shorter than the file said: it shrank meanwhile, and a
-                // later upload takes the rest.
-                break;
+            let k = keys::block(ino, idx);
+            w.push((k.to_vec(), now.map(|b| b.encode(&k))));
+            if let Some(o) = was.filter(|o| !o.is_zero()) {
+                let q = keys::doomed(ino, idx, o.generation);
+                w.push((q.to_vec(), Some(blocks::encode_doomed(&q))));
             }
         }
-        for (i, o) in old.iter().enumerate().skip(map.len()) {
-            w.push((keys::block(ino, i as u32).to_vec(), None));
-            doom(&mut w, i, o);
-        }
-        let up_to = map_len(&map);
         let seq = {
             let _t = self.writable()?;
             let mut st = self.state.lock();
@@ -367,17 +383,22 @@ impl Fs {
                 return Ok(0);
             };
             let mut inode = c.inode.clone();
-            let size = self.data.plain_size(up_to);
+            let size = self.data.plain_size(len);
             if inode.size != size {
                 inode.size = size;
                 inode.blocks = std::os::unix::fs::MetadataExt::blocks(&meta);
                 self.put_inode(&mut st, &mut w, ino, inode);
             }
-            if w.is_empty() { 0 } else { self.store.apply(w) }
+            if w.is_empty() {
+                0
+            } else {
+                self.store.apply(w)
+            }
         };
         set_xattr(&f, MAP, &map_digest(&map))?;
         let unchanged = r.changes.lock().get(&ino).copied().unwrap_or(0) == change;
-        if unchanged && up_to == len && self.state.lock().writer_backing(ino).is_none() {
+        let writers = self.state.lock().writers(ino);
+        if unchanged && len == meta.len() && writers <= u32::from(closing) {
             remove_xattr(&f, DIRTY)?;
         }
         r.failed.lock().remove(&ino);
@@ -389,8 +410,8 @@ impl Fs {
 
     /// [`Fs::upload`] where nobody waits for it (a writer's close): a
     /// failure is logged and tried again at unmount.
-    pub(super) fn upload_later_if_failing(&self, ino: u64) {
-        if let Err(e) = self.upload(ino) {
+    pub(super) fn upload_later_if_failing(&self, ino: u64, closing: bool) {
+        if let Err(e) = self.upload(ino, closing) {
             tracing::warn!(ino, error = %e, "cannot upload a closed file's contents: tried again at unmount");
             if let Some(r) = &self.remote {
                 r.failed.lock().insert(ino);
@@ -409,7 +430,7 @@ impl Fs {
         let failed: Vec<u64> = r.failed.lock().iter().copied().collect();
         let mut all = true;
         for ino in failed {
-            if let Err(e) = self.upload(ino) {
+            if let Err(e) = self.upload(ino, false) {
                 tracing::error!(ino, error = %e, "contents not uploaded: the next mount tries again");
                 all = false;
             }
@@ -429,7 +450,7 @@ impl Fs {
                     continue;
                 };
                 if marked_dirty(&e.path())? {
-                    self.upload(ino)?;
+                    self.upload(ino, false)?;
                     done += 1;
                 }
             }
@@ -462,18 +483,16 @@ impl Fs {
         self.remote.as_ref().map(|r| r.url())
     }
 
-    /// `ino`'s block map, in block order; a gap is damage.
-    fn block_map(&self, ino: u64) -> Result<Vec<BlockRef>> {
+    /// `ino`'s block map: records of the blocks with data, and of the last
+    /// block (where the file ends); a block without one is zeros.
+    fn block_map(&self, ino: u64) -> Result<BTreeMap<u32, BlockRef>> {
         let (start, end) = keys::ino_range(keys::P_BLOCK, ino);
-        let mut map = Vec::new();
+        let mut map = BTreeMap::new();
         for (k, v) in self.store.scan(&start, &end, usize::MAX)? {
-            if keys::key_block(&k) != Some(map.len() as u32) {
-                return Err(CoreError::corrupt(
-                    &k,
-                    crate::format::FormatError::Malformed("a block record missing before this one"),
-                ));
-            }
-            map.push(BlockRef::decode(&k, &v).map_err(|e| CoreError::corrupt(&k, e))?);
+            let idx = keys::key_block(&k).ok_or_else(|| {
+                CoreError::corrupt(&k, crate::format::FormatError::Malformed("short block key"))
+            })?;
+            map.insert(idx, BlockRef::decode(&k, &v).map_err(|e| CoreError::corrupt(&k, e))?);
         }
         Ok(map)
     }
@@ -496,22 +515,46 @@ pub(crate) fn marked_dirty(path: &Path) -> std::io::Result<bool> {
     }
 }
 
-/// Bytes a map covers.
-fn map_len(map: &[BlockRef]) -> u64 {
-    match map.last() {
-        Some(b) => (map.len() as u64 - 1) * BLOCK + u64::from(b.len),
-        None => 0,
-    }
+/// Bytes a map covers: up to the end of its last block.
+fn map_len(map: &BTreeMap<u32, BlockRef>) -> u64 {
+    map.last_key_value()
+        .map_or(0, |(&idx, b)| u64::from(idx) * BLOCK + u64::from(b.len))
 }
 
-fn map_digest(map: &[BlockRef]) -> [u8; 16] {
-    let mut all = Vec::with_capacity(map.len() * 28);
-    for b in map {
+fn map_digest(map: &BTreeMap<u32, BlockRef>) -> [u8; 16] {
+    let mut all = Vec::with_capacity(map.len() * 32);
+    for (idx, b) in map {
+        all.extend_from_slice(&idx.to_be_bytes());
         all.extend_from_slice(&b.generation.to_be_bytes());
         all.extend_from_slice(&b.len.to_be_bytes());
         all.extend_from_slice(&b.hash);
     }
     blocks::hash(&all)
+}
+
+/// (block, offset, length) of every block of `len` bytes.
+fn blocks_of(len: u64) -> impl Iterator<Item = (u32, u64, u64)> {
+    (0..len.div_ceil(BLOCK)).map(move |i| (i as u32, i * BLOCK, (len - i * BLOCK).min(BLOCK)))
+}
+
+/// Where the first data at or after `at` lies (`None`: only holes follow).
+fn next_data(f: &File, at: u64) -> std::io::Result<Option<u64>> {
+    match nix::unistd::lseek(f, at as i64, nix::unistd::Whence::SeekData) {
+        Ok(d) => Ok(Some(d as u64)),
+        Err(nix::errno::Errno::ENXIO) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether `f` has data in `[off, off + n)`.
+fn data_in(f: &File, off: u64, n: u64) -> std::io::Result<bool> {
+    Ok(next_data(f, off)?.is_some_and(|d| d < off + n))
+}
+
+fn punch(f: &File, off: u64, n: u64) -> std::io::Result<()> {
+    use nix::fcntl::FallocateFlags as F;
+    nix::fcntl::fallocate(f, F::FALLOC_FL_PUNCH_HOLE | F::FALLOC_FL_KEEP_SIZE, off as i64, n as i64)
+        .map_err(std::io::Error::from)
 }
 
 /// A generation for a new object: random, so that nodes need not agree on

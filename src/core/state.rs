@@ -395,6 +395,11 @@ impl State {
         self.open.get(&ino).and_then(|o| o.backing.clone())
     }
 
+    /// How many handles have `ino` open for writing.
+    pub fn writers(&self, ino: u64) -> u32 {
+        self.open.get(&ino).map_or(0, |o| o.writers)
+    }
+
     /// A backing descriptor of `ino` while any handle has it open.
     pub fn any_backing(&self, ino: u64) -> Option<Arc<File>> {
         self.open.get(&ino).and_then(|o| o.any.clone())

@@ -7,9 +7,13 @@
 //! On encrypted volumes the backing file holds sealed pages, so the store
 //! only ever sees ciphertext.
 //!
+//! Blocks of zeros have no object and no record — a file's holes cost
+//! nothing — except the last block, which is always recorded: it says
+//! where the contents end.
+//!
 //! Block record (`B` ino block) payload:
 //! ```text
-//! gen   u64  the object's generation; 0: the block is all zeros (no object)
+//! gen   u64  the object's generation; 0: zeros (only the last block)
 //! len   u32  bytes of the block (BLOCK but for the last)
 //! hash  16   SHA-256 of those bytes, first 16: checks what comes back
 //!            from the store and tells a changed block from an unchanged one
