@@ -354,3 +354,159 @@ fn format_refuses_an_unreachable_store_and_a_used_prefix() {
         out.stderr
     );
 }
+
+/// A mounted node of a volume: its own directory (cache) and mount point.
+struct Node {
+    vol: std::path::PathBuf,
+    mnt: std::path::PathBuf,
+    mounted: bool,
+}
+
+impl Node {
+    #[track_caller]
+    fn mount(vol: std::path::PathBuf, mnt: std::path::PathBuf) -> Node {
+        fs::create_dir_all(&mnt).unwrap();
+        safs(["mount", s(&vol), s(&mnt)]).assert_success("safs mount");
+        Node {
+            vol,
+            mnt,
+            mounted: true,
+        }
+    }
+
+    fn path(&self, rel: &str) -> std::path::PathBuf {
+        self.mnt.join(rel)
+    }
+
+    #[track_caller]
+    fn unmount(&mut self) {
+        let pid = daemon_pid_at(&self.vol, &self.mnt);
+        umount_once_released(&self.mnt).assert_success("umount");
+        self.mounted = false;
+        assert!(wait_until(Duration::from_secs(60), || !process_alive(pid)));
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if self.mounted && is_fuse_mounted(&self.mnt) {
+            let _ = run_cmd(
+                std::process::Command::new("umount")
+                    .arg("-l")
+                    .arg(&self.mnt),
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+}
+
+#[test]
+fn two_nodes_share_nothing_but_the_database_and_the_store() {
+    use safs::meta::postgres::cluster::TempCluster;
+    let url = bucket("nodes");
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = TempCluster::start(dir.path()).unwrap();
+    cluster.create_database("vol").unwrap();
+    let conninfo = cluster.conninfo("vol");
+    let (va, vb) = (dir.path().join("node-a"), dir.path().join("node-b"));
+    safs(["format", s(&va), "--meta", &conninfo, "--data", &url]).assert_success("format");
+    // A node's side of a volume that keeps its contents locally cannot be
+    // made, and a non-empty directory is refused.
+    cluster.create_database("local").unwrap();
+    let local = cluster.conninfo("local");
+    safs(["format", s(&dir.path().join("local")), "--meta", &local]).assert_success("format");
+    let out = safs(["attach", s(&vb), "--meta", &local]);
+    assert!(
+        !out.success() && out.stderr.contains("not in an object store") && !vb.exists(),
+        "{}",
+        out.stderr
+    );
+    let out = safs(["attach", s(&vb), "--meta", &conninfo]);
+    out.assert_success("safs attach");
+    let out = safs(["attach", s(&vb), "--meta", &conninfo]);
+    assert!(
+        !out.success() && out.stderr.contains("already holds"),
+        "{}",
+        out.stderr
+    );
+    let mut a = Node::mount(va.clone(), dir.path().join("mnt-a"));
+    let mut b = Node::mount(vb.clone(), dir.path().join("mnt-b"));
+
+    // Written and closed on A, read exactly on B, and the other way.
+    let one = pattern(7, 6 * MIB + 5);
+    fs::write(a.path("one"), &one).unwrap();
+    assert!(wait_until(Duration::from_secs(10), || fs::read(
+        b.path("one")
+    )
+    .ok()
+    .as_ref()
+        == Some(&one)));
+    let two = pattern(8, 3000);
+    fs::write(b.path("two"), &two).unwrap();
+    assert!(wait_until(Duration::from_secs(10), || fs::read(
+        a.path("two")
+    )
+    .ok()
+    .as_ref()
+        == Some(&two)));
+    // Changed on B after A has read it: A's next open reads B's bytes.
+    let f = OpenOptions::new().write(true).open(b.path("one")).unwrap();
+    f.write_all_at(b"changed on b", 4 * MIB as u64 + 10)
+        .unwrap();
+    drop(f);
+    let mut want = one.clone();
+    want[4 * MIB + 10..4 * MIB + 22].copy_from_slice(b"changed on b");
+    assert!(
+        wait_until(Duration::from_secs(10), || fs::read(a.path("one"))
+            .ok()
+            .as_ref()
+            == Some(&want)),
+        "A does not read B's change"
+    );
+    // Many files from both nodes at once, each read back on the other.
+    std::thread::scope(|sc| {
+        for (node, tag) in [(&a, 1u8), (&b, 2u8)] {
+            sc.spawn(move || {
+                for i in 0..20 {
+                    fs::write(
+                        node.path(&format!("m{tag}-{i}")),
+                        pattern(tag * 50 + i, 70_000 + i as usize),
+                    )
+                    .unwrap();
+                }
+            });
+        }
+    });
+    for (reader, tag) in [(&b, 1u8), (&a, 2u8)] {
+        for i in 0..20 {
+            let p = reader.path(&format!("m{tag}-{i}"));
+            let want = pattern(tag * 50 + i, 70_000 + i as usize);
+            assert!(
+                wait_until(Duration::from_secs(10), || fs::read(&p).ok().as_ref()
+                    == Some(&want)),
+                "{} differs",
+                p.display()
+            );
+        }
+    }
+    // Removed on A while open on B: B reads on until it closes.
+    let held = File::open(b.path("two")).unwrap();
+    fs::remove_file(a.path("two")).unwrap();
+    let mut back = vec![0u8; two.len()];
+    held.read_exact_at(&mut back, 0).unwrap();
+    assert_eq!(back, two);
+    drop(held);
+
+    a.unmount();
+    b.unmount();
+    let out = safs(["fsck", s(&va)]);
+    out.assert_success("fsck after both nodes");
+    // Node B's whole directory lost: it is only a cache; attached again,
+    // it reads everything.
+    fs::remove_dir_all(&vb).unwrap();
+    safs(["attach", s(&vb), "--meta", &conninfo]).assert_success("attach again");
+    let mut b = Node::mount(vb, dir.path().join("mnt-b"));
+    assert_eq!(fs::read(b.path("one")).unwrap(), want);
+    assert_eq!(fs::read(b.path("m1-3")).unwrap(), pattern(53, 70_003));
+    b.unmount();
+}

@@ -1,5 +1,6 @@
 //! The `safs` command line: flags, messages a person can act on, exit codes.
 
+mod attach;
 mod bench;
 mod format;
 mod fsck;
@@ -30,6 +31,10 @@ pub struct Cli {
 pub enum Command {
     /// Create a new volume in an empty (or new) directory.
     Format(format::FormatArgs),
+    /// Make a local directory for an existing volume whose metadata is in
+    /// PostgreSQL and whose contents are in an object store, on a further
+    /// node: then `safs mount` it there.
+    Attach(attach::AttachArgs),
     /// Mount a volume; returns once the mount is live (daemon in background).
     Mount(mount::MountArgs),
     /// Print what a volume or a mounted safs is (and, with --stats, its
@@ -78,6 +83,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Info(_)
             | Command::Fsck(_)
             | Command::Format(_)
+            | Command::Attach(_)
             | Command::Sync(_)
             | Command::Passwd(_)
             | Command::Upgrade(_)
@@ -95,6 +101,7 @@ fn run_plain(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Fsck(_) => unreachable!("handled by run"),
         Command::Format(a) => format::run(a),
+        Command::Attach(a) => attach::run(a),
         Command::Mount(a) => mount::run(a),
         Command::Info(a) => info::run(a),
         Command::Passwd(a) => passwd::run(a),

@@ -232,7 +232,7 @@ impl Fs {
                 .values()
                 .any(|o| o.ino == h.ino && o.writable)
         {
-            self.upload_later_if_failing(h.ino.0, true);
+            self.upload_later_if_failing(h.ino.0, super::remote::Upload::Close);
         }
         // A writer's close records the size: a change, under the lease.
         let _lease = if h.writable {
@@ -280,7 +280,7 @@ impl Fs {
         // The contents are of no use after a crash without their name.
         self.data.sync_name(h.ino.0)?;
         // In the store, and named by the batch the caller waits for.
-        self.upload(h.ino.0, false)?;
+        self.upload(h.ino.0, super::remote::Upload::Sync)?;
         Ok(())
     }
 

@@ -421,7 +421,7 @@ impl Fs {
         drop(st);
         drop(_space);
         if upload {
-            self.upload_later_if_failing(ino, false);
+            self.upload_later_if_failing(ino, super::remote::Upload::Sync);
         }
         Ok(attr)
     }

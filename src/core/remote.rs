@@ -57,6 +57,20 @@ const DELETE_EVERY: Duration = Duration::from_secs(1);
 /// Objects deleted per batch of `Q` records.
 const DELETE_BATCH: usize = 256;
 
+/// Tries of an upload whose map other nodes keep changing.
+const RACES: usize = 8;
+
+/// Why an upload runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Upload {
+    /// The last writer's close (its handle still counts as open).
+    Close,
+    /// `fsync`, a truncate, an unmount's retry: what the file holds now.
+    Sync,
+    /// A mount's recovery of what a stopped daemon left dirty.
+    Recover,
+}
+
 pub(super) struct Remote {
     store: Arc<objstore::Store>,
     stripes: Box<[Mutex<()>]>,
@@ -193,6 +207,22 @@ impl Fs {
             return Ok(());
         }
         let _g = r.lock(ino).lock();
+        for _ in 0..RACES {
+            match self.fetch_locked(r, ino) {
+                // Replaced by another node and deleted since the map was
+                // read: read it again.
+                Err(CoreError::Store(StoreError::NotFound(_))) => continue,
+                other => return other,
+            }
+        }
+        tracing::warn!(
+            ino,
+            "the block map kept changing on other nodes: not fetched"
+        );
+        Err(CoreError::Io(std::io::Error::from_raw_os_error(libc::EIO)))
+    }
+
+    fn fetch_locked(&self, r: &Remote, ino: u64) -> Result<()> {
         if r.current.lock().contains(&ino) {
             return Ok(());
         }
@@ -291,32 +321,71 @@ impl Fs {
     /// Uploads the blocks of `ino`'s backing file that differ from its map
     /// and applies the new map with the file's size in one batch; returns
     /// that batch's sequence number (0: nothing to do). See the module
-    /// comment. `closing`: the caller is the last writer's close, whose
-    /// handle still counts as open.
-    pub(super) fn upload(&self, ino: u64, closing: bool) -> Result<u64> {
+    /// comment. Another node may change the map meanwhile: the new map
+    /// is applied only if the one it was built on is still current (last
+    /// close wins), else built again.
+    pub(super) fn upload(&self, ino: u64, why: Upload) -> Result<u64> {
         let Some(r) = &self.remote else {
             return Ok(0);
         };
         let _g = r.lock(ino).lock();
+        for _ in 0..RACES {
+            if let Some(seq) = self.upload_once(r, ino, why)? {
+                return Ok(seq);
+            }
+        }
+        tracing::warn!(
+            ino,
+            "the block map kept changing on other nodes: not uploaded"
+        );
+        Err(CoreError::Io(std::io::Error::from_raw_os_error(
+            libc::EAGAIN,
+        )))
+    }
+
+    /// One try of [`Fs::upload`]; `None`: the map changed meanwhile.
+    fn upload_once(&self, r: &Remote, ino: u64, why: Upload) -> Result<Option<u64>> {
         {
             // Unlinked: nobody can open it again, and its blocks go with it.
             let mut st = self.state.lock();
-            if self.load_opt(&mut st, ino)?.is_none_or(|c| c.inode.nlink == 0) {
-                return Ok(0);
+            if self
+                .load_opt(&mut st, ino)?
+                .is_none_or(|c| c.inode.nlink == 0)
+            {
+                return Ok(Some(0));
             }
         }
         let change = r.changes.lock().get(&ino).copied().unwrap_or(0);
         let f = match open_raw(&self.data.path(ino)) {
             Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Some(0)),
             Err(e) => return Err(e.into()),
         };
         let meta = f.metadata()?;
         let mut len = meta.len();
         let old = self.block_map(ino)?;
+        if why == Upload::Recover {
+            // Changes a daemon left behind, made on a map another node has
+            // replaced since: the other node's contents win.
+            let base = get_xattr(&f, MAP)?;
+            let moved = match &base {
+                Some(b) => b[..] != map_digest(&old)[..],
+                None => !old.is_empty(),
+            };
+            if moved {
+                tracing::warn!(
+                    ino,
+                    "changes left by a stopped daemon were made on contents another node \
+                     has replaced since: discarded"
+                );
+                remove_xattr(&f, DIRTY)?;
+                r.current.lock().remove(&ino);
+                return Ok(Some(0));
+            }
+        }
         let mut map = BTreeMap::new();
         let mut buf = Vec::new();
-        let mut sent = 0u64;
+        let mut sent = Vec::new();
         let mut at = 0;
         while at < len {
             // Holes are zeros: no read, no record.
@@ -344,7 +413,7 @@ impl Fs {
                     r.store
                         .put(&blocks::object_key(ino, idx, generation), buf.clone())
                         .map_err(CoreError::Store)?;
-                    sent += 1;
+                    sent.push((idx, generation));
                     BlockRef {
                         generation,
                         len: n as u32,
@@ -363,7 +432,12 @@ impl Fs {
             });
         }
         let mut w: Vec<Write> = Vec::new();
-        for idx in old.keys().chain(map.keys()).copied().collect::<std::collections::BTreeSet<u32>>() {
+        for idx in old
+            .keys()
+            .chain(map.keys())
+            .copied()
+            .collect::<std::collections::BTreeSet<u32>>()
+        {
             let (was, now) = (old.get(&idx), map.get(&idx));
             if was == now {
                 continue;
@@ -377,10 +451,26 @@ impl Fs {
         }
         let seq = {
             let _t = self.writable()?;
+            if self.block_map(ino)? != old {
+                // Another node's upload came first: ours is built again on
+                // its map, and the objects sent for this one go.
+                let doomed: Vec<Write> = sent
+                    .iter()
+                    .map(|&(idx, g)| {
+                        let q = keys::doomed(ino, idx, g);
+                        (q.to_vec(), Some(blocks::encode_doomed(&q)))
+                    })
+                    .collect();
+                if !doomed.is_empty() {
+                    self.store.apply(doomed);
+                }
+                return Ok(None);
+            }
             let mut st = self.state.lock();
             let Some(c) = self.load_opt(&mut st, ino)? else {
-                // Freed meanwhile: its records went with it.
-                return Ok(0);
+                // Freed meanwhile: its records went with it (and the
+                // objects just sent are left to fsck).
+                return Ok(Some(0));
             };
             let mut inode = c.inode.clone();
             let size = self.data.plain_size(len);
@@ -389,29 +479,29 @@ impl Fs {
                 inode.blocks = std::os::unix::fs::MetadataExt::blocks(&meta);
                 self.put_inode(&mut st, &mut w, ino, inode);
             }
-            if w.is_empty() {
-                0
-            } else {
-                self.store.apply(w)
-            }
+            if w.is_empty() { 0 } else { self.store.apply(w) }
         };
         set_xattr(&f, MAP, &map_digest(&map))?;
         let unchanged = r.changes.lock().get(&ino).copied().unwrap_or(0) == change;
         let writers = self.state.lock().writers(ino);
-        if unchanged && len == meta.len() && writers <= u32::from(closing) {
+        if unchanged && len == meta.len() && writers <= u32::from(why == Upload::Close) {
             remove_xattr(&f, DIRTY)?;
         }
         r.failed.lock().remove(&ino);
-        if sent > 0 {
-            tracing::debug!(ino, sent, "blocks uploaded to the object store");
+        if !sent.is_empty() {
+            tracing::debug!(
+                ino,
+                sent = sent.len(),
+                "blocks uploaded to the object store"
+            );
         }
-        Ok(seq)
+        Ok(Some(seq))
     }
 
     /// [`Fs::upload`] where nobody waits for it (a writer's close): a
     /// failure is logged and tried again at unmount.
-    pub(super) fn upload_later_if_failing(&self, ino: u64, closing: bool) {
-        if let Err(e) = self.upload(ino, closing) {
+    pub(super) fn upload_later_if_failing(&self, ino: u64, why: Upload) {
+        if let Err(e) = self.upload(ino, why) {
             tracing::warn!(ino, error = %e, "cannot upload a closed file's contents: tried again at unmount");
             if let Some(r) = &self.remote {
                 r.failed.lock().insert(ino);
@@ -430,7 +520,7 @@ impl Fs {
         let failed: Vec<u64> = r.failed.lock().iter().copied().collect();
         let mut all = true;
         for ino in failed {
-            if let Err(e) = self.upload(ino, false) {
+            if let Err(e) = self.upload(ino, Upload::Sync) {
                 tracing::error!(ino, error = %e, "contents not uploaded: the next mount tries again");
                 all = false;
             }
@@ -450,7 +540,7 @@ impl Fs {
                     continue;
                 };
                 if marked_dirty(&e.path())? {
-                    self.upload(ino, false)?;
+                    self.upload(ino, Upload::Recover)?;
                     done += 1;
                 }
             }
@@ -478,6 +568,19 @@ impl Fs {
         Ok(())
     }
 
+    /// Another node changed `ino`'s block map (`None`: maybe any file's):
+    /// its backing file is checked against the map again at the next open.
+    pub(super) fn forget_contents(&self, ino: Option<u64>) {
+        if let Some(r) = &self.remote {
+            match ino {
+                Some(ino) => {
+                    r.current.lock().remove(&ino);
+                }
+                None => r.current.lock().clear(),
+            }
+        }
+    }
+
     /// The store's URL, on volumes whose contents are in one.
     pub fn data_store(&self) -> Option<String> {
         self.remote.as_ref().map(|r| r.url())
@@ -492,7 +595,10 @@ impl Fs {
             let idx = keys::key_block(&k).ok_or_else(|| {
                 CoreError::corrupt(&k, crate::format::FormatError::Malformed("short block key"))
             })?;
-            map.insert(idx, BlockRef::decode(&k, &v).map_err(|e| CoreError::corrupt(&k, e))?);
+            map.insert(
+                idx,
+                BlockRef::decode(&k, &v).map_err(|e| CoreError::corrupt(&k, e))?,
+            );
         }
         Ok(map)
     }
@@ -553,8 +659,13 @@ fn data_in(f: &File, off: u64, n: u64) -> std::io::Result<bool> {
 
 fn punch(f: &File, off: u64, n: u64) -> std::io::Result<()> {
     use nix::fcntl::FallocateFlags as F;
-    nix::fcntl::fallocate(f, F::FALLOC_FL_PUNCH_HOLE | F::FALLOC_FL_KEEP_SIZE, off as i64, n as i64)
-        .map_err(std::io::Error::from)
+    nix::fcntl::fallocate(
+        f,
+        F::FALLOC_FL_PUNCH_HOLE | F::FALLOC_FL_KEEP_SIZE,
+        off as i64,
+        n as i64,
+    )
+    .map_err(std::io::Error::from)
 }
 
 /// A generation for a new object: random, so that nodes need not agree on

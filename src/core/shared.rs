@@ -90,6 +90,7 @@ impl Fs {
             None => {
                 kernel.extend(st.referenced_inodes().into_iter().map(Inval::Inode));
                 st.cache_clear();
+                self.forget_contents(None);
                 self.reload_counters(&mut st);
             }
             Some(changed) => {
@@ -118,6 +119,14 @@ impl Fs {
             return;
         };
         match prefix {
+            // Another node changed the contents: fetched again at the next
+            // open (close-to-open), and the kernel's pages go.
+            keys::P_BLOCK => {
+                self.forget_contents(Some(ino));
+                if st.is_known(ino) {
+                    kernel.push(Inval::Inode(ino));
+                }
+            }
             keys::P_INODE | keys::P_SPILL | keys::P_OVERFLOW | keys::P_SYMLINK => {
                 st.cache_pop(ino);
                 if st.is_known(ino) {

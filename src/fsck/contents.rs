@@ -58,14 +58,20 @@ impl Checker<'_> {
         let mut len = 0u64;
         for (k, v) in self.store.scan(&start, &end, usize::MAX)? {
             let Some(idx) = keys::key_block(&k) else {
-                self.find(format!("file {ino}: a block record with a short key"), false);
+                self.find(
+                    format!("file {ino}: a block record with a short key"),
+                    false,
+                );
                 return Ok(());
             };
             match BlockRef::decode(&k, &v) {
                 // Records come in block order: the last says where it ends.
                 Ok(b) => len = u64::from(idx) * BLOCK + u64::from(b.len),
                 Err(e) => {
-                    self.find(format!("file {ino}: block record {idx} unreadable: {e}"), false);
+                    self.find(
+                        format!("file {ino}: block record {idx} unreadable: {e}"),
+                        false,
+                    );
                     return Ok(());
                 }
             }

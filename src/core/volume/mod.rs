@@ -92,6 +92,12 @@ pub enum VolumeError {
          or use --force to format over them (they are not deleted)"
     )]
     StoreInUse(String),
+    #[error(
+        "the volume in that database keeps its file contents in its own volume directory, \
+         not in an object store: a node can only serve it from that directory (format \
+         volumes for many nodes with --data s3://...)"
+    )]
+    NotAttachable,
 }
 
 impl From<MetaError> for VolumeError {
@@ -241,6 +247,64 @@ fn write_new_volume(layout: &Layout, opts: &FormatOptions) -> Result<Superblock,
         }
     }
     Ok(sb)
+}
+
+/// Makes `dir` (new or empty) a local directory for the existing volume
+/// whose metadata is in the PostgreSQL database `conninfo` names, with its
+/// contents in an object store: the connection string and an empty cache,
+/// nothing else (every record is read from the database). On failure
+/// nothing is left behind. The store's URL, for the caller to show.
+pub fn attach(dir: &Path, conninfo: &str) -> Result<String, VolumeError> {
+    let layout = Layout::new(dir);
+    let created_dir = !dir.exists();
+    if created_dir {
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(dir)
+            .map_err(io_err(dir))?;
+    } else if fs::read_dir(dir).map_err(io_err(dir))?.next().is_some() {
+        return Err(if layout.is_volume() {
+            VolumeError::AlreadyFormatted(dir.to_path_buf())
+        } else {
+            VolumeError::NotEmpty(dir.to_path_buf())
+        });
+    }
+    let result = (|| {
+        let mut b = fs::DirBuilder::new();
+        b.mode(0o700);
+        let meta_dir = layout.meta();
+        b.create(&meta_dir).map_err(io_err(&meta_dir))?;
+        let conf = meta_dir.join(meta::POSTGRES_CONF);
+        fs::write(&conf, format!("{}\n", conninfo.trim())).map_err(io_err(&conf))?;
+        let store = meta::open(&meta_dir)?;
+        let sb = read_superblock(store.as_ref())?;
+        if !sb.has_object_store() {
+            return Err(VolumeError::NotAttachable);
+        }
+        let url = store
+            .get(keys::DATA_STORE)?
+            .ok_or(VolumeError::NotAttachable)
+            .and_then(|rec| {
+                crate::format::blocks::decode_store(&rec).map_err(VolumeError::CorruptSuperblock)
+            })?;
+        // The store must answer from this node too.
+        check_data_store(&url, true)?;
+        let data = layout.data();
+        b.create(&data).map_err(io_err(&data))?;
+        for i in 0..256 {
+            let sub = data.join(format!("{i:02x}"));
+            b.create(&sub).map_err(io_err(&sub))?;
+        }
+        Ok(url)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_dir_all(layout.meta());
+        let _ = fs::remove_dir_all(layout.data());
+        if created_dir {
+            let _ = fs::remove_dir(dir);
+        }
+    }
+    result
 }
 
 /// Checks that the object store at `url` answers with this process's
