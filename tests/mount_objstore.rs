@@ -105,11 +105,7 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 
 /// Throws the node's cache away: every backing file.
 fn lose_cache(v: &TestVolume) {
-    for d in fs::read_dir(v.vol().join("data")).unwrap().flatten() {
-        for f in fs::read_dir(d.path()).unwrap().flatten() {
-            fs::remove_file(f.path()).unwrap();
-        }
-    }
+    lose_cache_at(v.vol());
 }
 
 fn s(p: &std::path::Path) -> &str {
@@ -380,7 +376,11 @@ impl Node {
 
     #[track_caller]
     fn unmount(&mut self) {
-        let pid = daemon_pid_at(&self.vol, &self.mnt);
+        let pid = if self.vol.join("meta/postgres.conf").exists() {
+            daemon_pid_at(&self.vol, &self.mnt)
+        } else {
+            daemon_pid(&self.vol)
+        };
         umount_once_released(&self.mnt).assert_success("umount");
         self.mounted = false;
         assert!(wait_until(Duration::from_secs(60), || !process_alive(pid)));
@@ -509,4 +509,75 @@ fn two_nodes_share_nothing_but_the_database_and_the_store() {
     assert_eq!(fs::read(b.path("one")).unwrap(), want);
     assert_eq!(fs::read(b.path("m1-3")).unwrap(), pattern(53, 70_003));
     b.unmount();
+}
+
+#[test]
+fn a_store_that_goes_away_fails_fsync_with_eio_and_heals_without_a_remount() {
+    // A gateway of its own: the others' tests keep theirs.
+    let dir = tempfile::Builder::new()
+        .prefix("safs-s3-own")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let own = TempRgw::start(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    own.create_bucket("faults").unwrap();
+    let safs_with = |args: &[&str]| {
+        run_cmd(
+            std::process::Command::new(env!("CARGO_BIN_EXE_safs"))
+                .args(args)
+                .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+                .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+                .env("AWS_ENDPOINT_URL", own.endpoint())
+                .env("AWS_REGION", "us-east-1"),
+        )
+    };
+    let (vol, mnt) = (dir.path().join("vol"), dir.path().join("mnt"));
+    fs::create_dir(&mnt).unwrap();
+    safs_with(&["format", s(&vol), "--data", "s3://faults/v"]).assert_success("format");
+    safs_with(&["mount", s(&vol), s(&mnt), "-o", "data_timeout=3"]).assert_success("mount");
+    let mut node = Node {
+        vol: vol.clone(),
+        mnt: mnt.clone(),
+        mounted: true,
+    };
+    let before = pattern(9, 100_000);
+    fs::write(node.path("before"), &before).unwrap();
+    File::open(node.path("before")).unwrap().sync_all().unwrap();
+
+    own.stop_gateway().unwrap();
+    let mut f = File::create(node.path("during")).unwrap();
+    f.write_all(b"written while the store is away").unwrap();
+    let t = std::time::Instant::now();
+    let e = f.sync_all().unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(60), "{:?}", t.elapsed());
+    drop(f);
+    // What is cached reads on.
+    assert_eq!(fs::read(node.path("before")).unwrap(), before);
+
+    own.start_gateway().unwrap();
+    let f = OpenOptions::new()
+        .append(true)
+        .open(node.path("during"))
+        .unwrap();
+    (&f).write_all(b", and after").unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    node.unmount();
+    lose_cache_at(&vol);
+    safs_with(&["mount", s(&vol), s(&mnt)]).assert_success("mount again");
+    node.mounted = true;
+    assert_eq!(
+        fs::read(node.path("during")).unwrap(),
+        b"written while the store is away, and after"
+    );
+    node.unmount();
+}
+
+/// [`lose_cache`] of the volume directory `vol`.
+fn lose_cache_at(vol: &std::path::Path) {
+    for d in fs::read_dir(vol.join("data")).unwrap().flatten() {
+        for f in fs::read_dir(d.path()).unwrap().flatten() {
+            fs::remove_file(f.path()).unwrap();
+        }
+    }
 }

@@ -44,6 +44,9 @@ pub struct MountArgs {
     /// commit_ms=N (default 5, 2 on PostgreSQL volumes), threads=N, cache_mb=N (inode cache budget, default 256),
     /// meta_timeout=SECONDS (how long a metadata call waits for a
     /// PostgreSQL server it cannot reach before it fails, default 30),
+    /// data_timeout=SECONDS (how long a call to the object store of a
+    /// --data volume may take, retries included, before the file
+    /// operation fails with EIO; default 30),
     /// transport=auto|uring|dev (FUSE over io_uring when the kernel offers
     /// it, the default, or required, or /dev/fuse reads and writes),
     /// dircache=0|1 (the directory cache, half of cache_mb at most; on by
@@ -82,6 +85,8 @@ struct MountOpts {
     commit_ms: Option<u64>,
     /// Seconds a metadata call waits for an unreachable database.
     meta_timeout: u64,
+    /// Seconds a call to the object store may take.
+    data_timeout: u64,
     threads: usize,
     cache_mb: u64,
     /// `None`: the core's default (on for encrypted volumes).
@@ -133,6 +138,7 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
         atime: Atime::default(),
         commit_ms: None,
         meta_timeout: safs::meta::postgres::OUTAGE_WAIT.as_secs(),
+        data_timeout: safs::objstore::Limits::default().timeout.as_secs(),
         threads: 4,
         cache_mb: 256,
         dircache: None,
@@ -192,6 +198,12 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
                 o.meta_timeout = num(val)?;
                 if !(1..=3600).contains(&o.meta_timeout) {
                     bail!("meta_timeout must be 1..=3600 (seconds)");
+                }
+            }
+            "data_timeout" => {
+                o.data_timeout = num(val)?;
+                if !(1..=3600).contains(&o.data_timeout) {
+                    bail!("data_timeout must be 1..=3600 (seconds)");
                 }
             }
             "cache_mb" => {
@@ -552,6 +564,7 @@ fn serve(
             cache_bytes: (o.cache_mb as usize) << 20,
             dircache: o.dircache,
             keys,
+            data_timeout: std::time::Duration::from_secs(o.data_timeout),
             ..Options::default()
         },
     )

@@ -135,6 +135,8 @@ pub struct Options {
     /// The directory cache (see `dircache`): `None` turns it on for
     /// encrypted volumes only.
     pub dircache: Option<bool>,
+    /// How long a call to the object store may take (volumes with one).
+    pub data_timeout: Duration,
 }
 
 impl Default for Options {
@@ -149,6 +151,7 @@ impl Default for Options {
             read_only: false,
             keys: None,
             dircache: None,
+            data_timeout: crate::objstore::Limits::default().timeout,
         }
     }
 }
@@ -288,7 +291,11 @@ impl Fs {
             })?;
             let url = crate::format::blocks::decode_store(&rec)
                 .map_err(|e| CoreError::corrupt(keys::DATA_STORE, e))?;
-            Some(remote::Remote::connect(&url, &layout.data())?)
+            Some(remote::Remote::connect(
+                &url,
+                &layout.data(),
+                opts.data_timeout,
+            )?)
         } else {
             None
         };

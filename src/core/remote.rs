@@ -90,10 +90,13 @@ impl Remote {
     /// Connects to the store the volume's `U` record names, with the
     /// credentials of this process's environment, and checks that it
     /// answers.
-    pub(super) fn connect(url: &str, data_dir: &Path) -> Result<Remote> {
+    pub(super) fn connect(url: &str, data_dir: &Path, timeout: Duration) -> Result<Remote> {
         let config = objstore::StoreConfig::from_env(url).map_err(CoreError::Store)?;
-        let store =
-            objstore::Store::new(config, objstore::Limits::default()).map_err(CoreError::Store)?;
+        let limits = objstore::Limits {
+            timeout,
+            ..objstore::Limits::default()
+        };
+        let store = objstore::Store::new(config, limits).map_err(CoreError::Store)?;
         store.check().map_err(CoreError::Store)?;
         // The marks live in xattrs of the backing files.
         let probe = data_dir.join("00");
