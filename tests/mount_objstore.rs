@@ -581,3 +581,23 @@ fn lose_cache_at(vol: &std::path::Path) {
         }
     }
 }
+
+#[test]
+fn a_damaged_object_is_an_error_never_served() {
+    let url = bucket("damage");
+    let mut v = volume(&url, &[]);
+    fs::write(v.path("f"), pattern(10, 5 * MIB)).unwrap();
+    v.unmount();
+    let store = client(&url);
+    let listed = objects(&store);
+    assert_eq!(listed.len(), 2);
+    // The second block's object, same length, one byte changed.
+    let mut bytes = store.get(&listed[1].0).unwrap();
+    bytes[100] ^= 1;
+    store.put(&listed[1].0, bytes).unwrap();
+    lose_cache(&v);
+    v.mount();
+    let e = fs::read(v.path("f")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert!(v.daemon_log().contains("does not match its block record"));
+}

@@ -258,7 +258,7 @@ impl Fs {
         // a missing block is a hole.
         f.set_len(len)?;
         let mut buf = Vec::new();
-        let mut fetched = 0u64;
+        let mut wanted = Vec::new();
         for (idx, off, n) in blocks_of(len) {
             match map.get(&idx).filter(|b| !b.is_zero()) {
                 Some(b) => {
@@ -266,13 +266,23 @@ impl Fs {
                     if read_full(&f, &mut buf, off)? == buf.len() && blocks::hash(&buf) == b.hash {
                         continue;
                     }
-                    buf = self.get_block(r, ino, idx, b)?;
-                    f.write_all_at(&buf, off)?;
-                    fetched += 1;
+                    wanted.push((idx, off, *b));
                 }
                 // Zeros: a hole, unless the backing file has data there.
                 None if data_in(&f, off, n)? => punch(&f, off, n)?,
                 None => {}
+            }
+        }
+        let fetched = wanted.len();
+        for some in wanted.chunks(objstore::PARALLEL) {
+            let keys: Vec<String> = some
+                .iter()
+                .map(|(idx, _, b)| blocks::object_key(ino, *idx, b.generation))
+                .collect();
+            let got = r.store.get_many(&keys).map_err(CoreError::Store)?;
+            for ((idx, off, b), data) in some.iter().zip(got) {
+                check_block(ino, *idx, b, &data)?;
+                f.write_all_at(&data, *off)?;
             }
         }
         // Fetching is no change: the backing file keeps the file's mtime
@@ -290,22 +300,6 @@ impl Fs {
         }
         r.current.lock().insert(ino);
         Ok(())
-    }
-
-    /// One block from the store, checked against its record.
-    fn get_block(&self, r: &Remote, ino: u64, block: u32, b: &BlockRef) -> Result<Vec<u8>> {
-        let key = blocks::object_key(ino, block, b.generation);
-        let data = r.store.get(&key).map_err(CoreError::Store)?;
-        if data.len() != b.len as usize || blocks::hash(&data) != b.hash {
-            tracing::error!(
-                ino,
-                block,
-                object = %key,
-                "an object from the store does not match its block record: not served"
-            );
-            return Err(CoreError::Io(std::io::Error::from_raw_os_error(libc::EIO)));
-        }
-        Ok(data)
     }
 
     /// Marks `ino`'s backing file as holding changes the store lacks: a
@@ -389,6 +383,8 @@ impl Fs {
         let mut map = BTreeMap::new();
         let mut buf = Vec::new();
         let mut sent = Vec::new();
+        // Blocks to send, a few at a time.
+        let mut batch = Vec::new();
         let mut at = 0;
         while at < len {
             // Holes are zeros: no read, no record.
@@ -409,22 +405,35 @@ impl Fs {
                 continue;
             }
             let hash = blocks::hash(&buf);
-            let b = match old.get(&idx) {
-                Some(o) if o.hash == hash && o.len as usize == n && !o.is_zero() => *o,
+            match old.get(&idx) {
+                Some(o) if o.hash == hash && o.len as usize == n && !o.is_zero() => {
+                    map.insert(idx, *o);
+                }
                 _ => {
                     let generation = new_generation();
-                    r.store
-                        .put(&blocks::object_key(ino, idx, generation), buf.clone())
-                        .map_err(CoreError::Store)?;
+                    map.insert(
+                        idx,
+                        BlockRef {
+                            generation,
+                            len: n as u32,
+                            hash,
+                        },
+                    );
                     sent.push((idx, generation));
-                    BlockRef {
-                        generation,
-                        len: n as u32,
-                        hash,
+                    batch.push((
+                        blocks::object_key(ino, idx, generation),
+                        std::mem::take(&mut buf),
+                    ));
+                    if batch.len() == objstore::PARALLEL {
+                        r.store
+                            .put_many(std::mem::take(&mut batch))
+                            .map_err(CoreError::Store)?;
                     }
                 }
-            };
-            map.insert(idx, b);
+            }
+        }
+        if !batch.is_empty() {
+            r.store.put_many(batch).map_err(CoreError::Store)?;
         }
         // The last block is always recorded: it says where the file ends.
         if let Some((idx, _, n)) = blocks_of(len).last() {
@@ -622,6 +631,21 @@ pub(crate) fn marked_dirty(path: &Path) -> std::io::Result<bool> {
         Err(rustix::io::Errno::NODATA | rustix::io::Errno::NOENT) => Ok(false),
         Err(e) => Err(e.into()),
     }
+}
+
+/// A block from the store checked against its record: a damaged or
+/// foreign object is never served.
+fn check_block(ino: u64, block: u32, b: &BlockRef, data: &[u8]) -> Result<()> {
+    if data.len() != b.len as usize || blocks::hash(data) != b.hash {
+        tracing::error!(
+            ino,
+            block,
+            object = %blocks::object_key(ino, block, b.generation),
+            "an object from the store does not match its block record: not served"
+        );
+        return Err(CoreError::Io(std::io::Error::from_raw_os_error(libc::EIO)));
+    }
+    Ok(())
 }
 
 /// Bytes a map covers: up to the end of its last block.
