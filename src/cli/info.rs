@@ -207,6 +207,17 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         );
     }
     println!("inline xattrs:  {} bytes per inode", sb.inline_bytes);
+    if sb.has_object_store() {
+        let url = store
+            .get(safs::format::keys::DATA_STORE)?
+            .map(|rec| safs::format::blocks::decode_store(&rec))
+            .transpose()
+            .context("the store record is unreadable")?
+            .unwrap_or_else(|| "(the store record is missing)".into());
+        println!("contents:       in the object store at {url}; data/ here is this node's cache");
+    } else {
+        println!("contents:       in {}", Layout::new(&vol).data().display());
+    }
     if sb.is_encrypted() {
         // The key record is readable without the passphrase; the counters
         // record is sealed (the daemon's statfs counts inodes).

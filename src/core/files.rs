@@ -257,6 +257,7 @@ impl Fs {
         drop(_lease);
         self.flush_atimes();
         if closed.last {
+            self.closed_contents(h.ino.0);
             self.free_if_unused(h.ino.0)?;
         }
         Ok(())

@@ -422,6 +422,9 @@ impl Fs {
         drop(_space);
         if upload {
             self.upload_later_if_failing(ino, super::remote::Upload::Sync);
+            if self.state.lock().any_backing(ino).is_none() {
+                self.closed_contents(ino);
+            }
         }
         Ok(attr)
     }
@@ -633,6 +636,9 @@ impl Fs {
         // A regular file made by mknod keeps a ready backing file too
         // (an empty one reads as the missing one would).
         let ready = self.data.take_ready(ino, ftype == S_IFREG);
+        if ftype == S_IFREG && open.is_some() {
+            self.new_contents(ino);
+        }
         let file = match (open, ready) {
             (Some(_), Some(f)) => Some(std::sync::Arc::new(f)),
             (Some(_), None) => Some(std::sync::Arc::new(self.data.create(ino)?)),

@@ -77,6 +77,10 @@ pub(super) struct Remote {
     /// Inodes whose backing file is known to hold their contents this
     /// session (fetched, uploaded, or dirty).
     current: Mutex<HashSet<u64>>,
+    /// The block maps of open files as this node last read or wrote them
+    /// (dropped when another node changes one, and at the last close): a
+    /// close need not read the map again, and a new file's is empty.
+    maps: Mutex<HashMap<u64, BTreeMap<u32, BlockRef>>>,
     /// Writable opens and truncates per inode: an upload clears the dirty
     /// mark only if none came while it ran.
     changes: Mutex<HashMap<u64, u64>>,
@@ -116,6 +120,7 @@ impl Remote {
             store: Arc::new(store),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             current: Mutex::new(HashSet::new()),
+            maps: Mutex::new(HashMap::new()),
             changes: Mutex::new(HashMap::new()),
             failed: Mutex::new(HashSet::new()),
             deleter: Mutex::new(None),
@@ -229,7 +234,7 @@ impl Fs {
         if r.current.lock().contains(&ino) {
             return Ok(());
         }
-        let map = self.block_map(ino)?;
+        let map = self.known_map(r, ino)?;
         let digest = map_digest(&map);
         let path = self.data.path(ino);
         let local = match open_raw(&path) {
@@ -262,11 +267,21 @@ impl Fs {
         for (idx, off, n) in blocks_of(len) {
             match map.get(&idx).filter(|b| !b.is_zero()) {
                 Some(b) => {
-                    buf.resize(n as usize, 0);
-                    if read_full(&f, &mut buf, off)? == buf.len() && blocks::hash(&buf) == b.hash {
-                        continue;
+                    // A hole here (a lost cache): nothing to compare.
+                    if data_in(&f, off, n)? {
+                        buf.resize(n as usize, 0);
+                        if read_full(&f, &mut buf, off)? == buf.len()
+                            && blocks::hash(&buf) == b.hash
+                        {
+                            continue;
+                        }
                     }
-                    wanted.push((idx, off, *b));
+                    if let Some(d) = &b.data {
+                        check_block(ino, idx, b, d)?;
+                        f.write_all_at(d, off)?;
+                    } else {
+                        wanted.push((idx, off, b.clone()));
+                    }
                 }
                 // Zeros: a hole, unless the backing file has data there.
                 None if data_in(&f, off, n)? => punch(&f, off, n)?,
@@ -360,7 +375,16 @@ impl Fs {
         };
         let meta = f.metadata()?;
         let mut len = meta.len();
-        let old = self.block_map(ino)?;
+        let old = self.known_map(r, ino)?;
+        if len == 0 && old.is_empty() {
+            // Empty, and so was its map (a file created and closed): no
+            // block, no record; only the mark goes.
+            let writers = self.state.lock().writers(ino);
+            if writers <= u32::from(why == Upload::Close) {
+                remove_xattr(&f, DIRTY)?;
+            }
+            return Ok(Some(0));
+        }
         if why == Upload::Recover {
             // Changes a daemon left behind, made on a map another node has
             // replaced since: the other node's contents win.
@@ -407,7 +431,19 @@ impl Fs {
             let hash = blocks::hash(&buf);
             match old.get(&idx) {
                 Some(o) if o.hash == hash && o.len as usize == n && !o.is_zero() => {
-                    map.insert(idx, *o);
+                    map.insert(idx, o.clone());
+                }
+                // A small file: its bytes go in the record.
+                _ if idx == 0 && len <= blocks::INLINE_MAX => {
+                    map.insert(
+                        idx,
+                        BlockRef {
+                            generation: blocks::INLINE,
+                            len: n as u32,
+                            hash,
+                            data: Some(buf[..n].into()),
+                        },
+                    );
                 }
                 _ => {
                     let generation = new_generation();
@@ -417,6 +453,7 @@ impl Fs {
                             generation,
                             len: n as u32,
                             hash,
+                            data: None,
                         },
                     );
                     sent.push((idx, generation));
@@ -441,6 +478,7 @@ impl Fs {
                 generation: 0,
                 len: n as u32,
                 hash: [0; 16],
+                data: None,
             });
         }
         let mut w: Vec<Write> = Vec::new();
@@ -456,14 +494,20 @@ impl Fs {
             }
             let k = keys::block(ino, idx);
             w.push((k.to_vec(), now.map(|b| b.encode(&k))));
-            if let Some(o) = was.filter(|o| !o.is_zero()) {
+            if let Some(o) = was.filter(|o| o.has_object()) {
                 let q = keys::doomed(ino, idx, o.generation);
                 w.push((q.to_vec(), Some(blocks::encode_doomed(&q))));
             }
         }
         let seq = {
             let _t = self.writable()?;
-            if self.block_map(ino)? != old {
+            // Another node's commit since the map was read dropped it from
+            // `maps` (the lease catches up first); one node alone never
+            // races itself (uploads of a file take its stripe).
+            let unchanged = r.maps.lock().get(&ino) == Some(&old)
+                || (self.is_shared() && self.block_map(ino)? == old)
+                || !self.is_shared();
+            if !unchanged {
                 // Another node's upload came first: ours is built again on
                 // its map, and the objects sent for this one go.
                 let doomed: Vec<Write> = sent
@@ -494,6 +538,7 @@ impl Fs {
             if w.is_empty() { 0 } else { self.store.apply(w) }
         };
         set_xattr(&f, MAP, &map_digest(&map))?;
+        r.maps.lock().insert(ino, map);
         let unchanged = r.changes.lock().get(&ino).copied().unwrap_or(0) == change;
         let writers = self.state.lock().writers(ino);
         if unchanged && len == meta.len() && writers <= u32::from(why == Upload::Close) {
@@ -569,13 +614,14 @@ impl Fs {
         let (start, end) = keys::ino_range(keys::P_BLOCK, ino);
         for (k, v) in self.store.scan(&start, &end, usize::MAX)? {
             let b = BlockRef::decode(&k, &v).map_err(|e| CoreError::corrupt(&k, e))?;
-            if let (false, Some(i)) = (b.is_zero(), keys::key_block(&k)) {
+            if let (true, Some(i)) = (b.has_object(), keys::key_block(&k)) {
                 let q = keys::doomed(ino, i, b.generation);
                 w.push((q.to_vec(), Some(blocks::encode_doomed(&q))));
             }
             w.push((k, None));
         }
         r.current.lock().remove(&ino);
+        r.maps.lock().remove(&ino);
         r.changes.lock().remove(&ino);
         Ok(())
     }
@@ -587,8 +633,12 @@ impl Fs {
             match ino {
                 Some(ino) => {
                     r.current.lock().remove(&ino);
+                    r.maps.lock().remove(&ino);
                 }
-                None => r.current.lock().clear(),
+                None => {
+                    r.current.lock().clear();
+                    r.maps.lock().clear();
+                }
             }
         }
     }
@@ -596,6 +646,33 @@ impl Fs {
     /// The store's URL, on volumes whose contents are in one.
     pub fn data_store(&self) -> Option<String> {
         self.remote.as_ref().map(|r| r.url())
+    }
+
+    /// A new regular file `ino` (under the state lock): its map is empty,
+    /// and its backing file current.
+    pub(super) fn new_contents(&self, ino: u64) {
+        if let Some(r) = &self.remote {
+            r.current.lock().insert(ino);
+            r.maps.lock().insert(ino, BTreeMap::new());
+        }
+    }
+
+    /// The last handle of `ino` closed: its map is read again at the next
+    /// open (the maps kept stay those of open files).
+    pub(super) fn closed_contents(&self, ino: u64) {
+        if let Some(r) = &self.remote {
+            r.maps.lock().remove(&ino);
+        }
+    }
+
+    /// `ino`'s map as this node knows it, else as the engine has it.
+    fn known_map(&self, r: &Remote, ino: u64) -> Result<BTreeMap<u32, BlockRef>> {
+        if let Some(m) = r.maps.lock().get(&ino) {
+            return Ok(m.clone());
+        }
+        let map = self.block_map(ino)?;
+        r.maps.lock().insert(ino, map.clone());
+        Ok(map)
     }
 
     /// `ino`'s block map: records of the blocks with data, and of the last

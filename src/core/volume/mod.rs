@@ -88,7 +88,7 @@ pub enum VolumeError {
     #[error("{0}")]
     Store(crate::objstore::StoreError),
     #[error(
-        "{0} already holds file contents (of another volume?): give an empty prefix, \
+        "{0} already holds objects (another volume?): give an empty prefix, \
          or use --force to format over them (they are not deleted)"
     )]
     StoreInUse(String),
@@ -220,9 +220,10 @@ pub fn format(dir: &Path, opts: &FormatOptions) -> Result<Superblock, VolumeErro
 
 fn write_new_volume(layout: &Layout, opts: &FormatOptions) -> Result<Superblock, VolumeError> {
     // The store first: a wrong URL or credentials leave nothing behind.
-    if let Some(url) = &opts.data {
-        check_data_store(url, opts.force)?;
-    }
+    let objects = match &opts.data {
+        Some(url) => Some(check_data_store(url, opts.force)?),
+        None => None,
+    };
     let data = layout.data();
     let mut b = fs::DirBuilder::new();
     b.mode(0o700);
@@ -237,6 +238,13 @@ fn write_new_volume(layout: &Layout, opts: &FormatOptions) -> Result<Superblock,
     let (sb, mut records) = initial_records(opts);
     if let Some(enc) = &opts.encryption {
         store = unlock::seal_new_volume(store, &sb, enc, &mut records)?;
+    }
+    if let Some(objects) = &objects {
+        // Names the volume the prefix holds, so that no other is made there.
+        let id = uuid::Uuid::from_bytes(sb.uuid).to_string();
+        objects
+            .put(VOLUME_OBJECT, id.into_bytes())
+            .map_err(VolumeError::Store)?;
     }
     store.commit(&records)?;
     for f in ["data.mdb", "lock.mdb"] {
@@ -307,17 +315,21 @@ pub fn attach(dir: &Path, conninfo: &str) -> Result<String, VolumeError> {
     result
 }
 
+/// The object under a volume's prefix that names it (its uuid).
+const VOLUME_OBJECT: &str = "volume";
+
 /// Checks that the object store at `url` answers with this process's
-/// credentials and holds no other volume's contents under its prefix.
-fn check_data_store(url: &str, force: bool) -> Result<(), VolumeError> {
+/// credentials and (unless `force`) holds nothing under its prefix: no
+/// other volume's contents or name.
+fn check_data_store(url: &str, force: bool) -> Result<crate::objstore::Store, VolumeError> {
     use crate::objstore::{Limits, Store, StoreConfig};
     let config = StoreConfig::from_env(url).map_err(VolumeError::Store)?;
     let store = Store::new(config, Limits::default()).map_err(VolumeError::Store)?;
     store.check().map_err(VolumeError::Store)?;
-    if !force && !store.list("b/").map_err(VolumeError::Store)?.is_empty() {
+    if !force && !store.list("").map_err(VolumeError::Store)?.is_empty() {
         return Err(VolumeError::StoreInUse(url.to_string()));
     }
-    Ok(())
+    Ok(store)
 }
 
 /// The records of a new, empty volume: superblock, counters, root directory.
