@@ -289,15 +289,22 @@ impl Fs {
             }
         }
         let fetched = wanted.len();
-        for some in wanted.chunks(objstore::PARALLEL) {
-            let keys: Vec<String> = some
-                .iter()
-                .map(|(idx, _, b)| blocks::object_key(ino, *idx, b.generation))
-                .collect();
-            let got = r.store.get_many(&keys).map_err(CoreError::Store)?;
-            for ((idx, off, b), data) in some.iter().zip(got) {
-                check_block(ino, *idx, b, &data)?;
-                f.write_all_at(&data, *off)?;
+        let keys: Vec<String> = wanted
+            .iter()
+            .map(|(idx, _, b)| blocks::object_key(ino, *idx, b.generation))
+            .collect();
+        let stored = r.store.get_each(&keys, |i, data| {
+            let (idx, off, b) = &wanted[i];
+            check_block(ino, *idx, b, &data).map_err(std::io::Error::other)?;
+            f.write_all_at(&data, *off)
+        });
+        match stored {
+            Ok(()) => {}
+            Err(objstore::GetError::Store(e)) => return Err(CoreError::Store(e)),
+            Err(objstore::GetError::Each(e)) => {
+                return Err(CoreError::Io(std::io::Error::from_raw_os_error(
+                    e.raw_os_error().unwrap_or(libc::EIO),
+                )));
             }
         }
         // Fetching is no change: the backing file keeps the file's mtime
@@ -407,8 +414,8 @@ impl Fs {
         let mut map = BTreeMap::new();
         let mut buf = Vec::new();
         let mut sent = Vec::new();
-        // Blocks to send, a few at a time.
-        let mut batch = Vec::new();
+        // Blocks go up while the next ones are read and hashed.
+        let mut puts = r.store.puts();
         let mut at = 0;
         while at < len {
             // Holes are zeros: no read, no record.
@@ -457,21 +464,15 @@ impl Fs {
                         },
                     );
                     sent.push((idx, generation));
-                    batch.push((
+                    puts.put(
                         blocks::object_key(ino, idx, generation),
                         std::mem::take(&mut buf),
-                    ));
-                    if batch.len() == objstore::PARALLEL {
-                        r.store
-                            .put_many(std::mem::take(&mut batch))
-                            .map_err(CoreError::Store)?;
-                    }
+                    )
+                    .map_err(CoreError::Store)?;
                 }
             }
         }
-        if !batch.is_empty() {
-            r.store.put_many(batch).map_err(CoreError::Store)?;
-        }
+        puts.finish().map_err(CoreError::Store)?;
         // The last block is always recorded: it says where the file ends.
         if let Some((idx, _, n)) = blocks_of(len).last() {
             map.entry(idx).or_insert(BlockRef {
