@@ -43,7 +43,7 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
   for t in $T; do
     m=$W/jmnt; [ $t = safs ] && m=$W/smnt
     echo "== round $round: $t"
-    python3 "$HERE/jmeas.py" "$m" 2000
+    python3 "$ROOT/docs/bench/2026-11-26-juicefs-first-look/jmeas.py" "$m" 2000
     python3 "$HERE/dmeas.py" "$m" write
   done
   # Every cache dropped: the kernel's, JuiceFS's cache directory, safs's

@@ -161,13 +161,8 @@ pub fn format(dir: &Path, opts: &FormatOptions) -> Result<Superblock, VolumeErro
         return Err(VolumeError::BadBudget(opts.inline_bytes));
     }
     let layout = Layout::new(dir);
-    let created_dir = !dir.exists();
-    if created_dir {
-        fs::DirBuilder::new()
-            .mode(0o700)
-            .create(dir)
-            .map_err(io_err(dir))?;
-    } else {
+    let created_dir = make_dir(dir)?;
+    if !created_dir {
         let meta = fs::metadata(dir).map_err(io_err(dir))?;
         if !meta.is_dir() {
             return Err(VolumeError::Io {
@@ -224,16 +219,12 @@ fn write_new_volume(layout: &Layout, opts: &FormatOptions) -> Result<Superblock,
         Some(url) => Some(check_data_store(url, opts.force)?),
         None => None,
     };
-    let data = layout.data();
-    let mut b = fs::DirBuilder::new();
-    b.mode(0o700);
-    b.create(&data).map_err(io_err(&data))?;
-    for i in 0..256 {
-        let sub = data.join(format!("{i:02x}"));
-        b.create(&sub).map_err(io_err(&sub))?;
-    }
+    make_data_dirs(layout)?;
     let meta = layout.meta();
-    b.create(&meta).map_err(io_err(&meta))?;
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&meta)
+        .map_err(io_err(&meta))?;
     let mut store = meta::create(&meta, &opts.engine, opts.force)?;
     let (sb, mut records) = initial_records(opts);
     if let Some(enc) = &opts.encryption {
@@ -264,13 +255,8 @@ fn write_new_volume(layout: &Layout, opts: &FormatOptions) -> Result<Superblock,
 /// nothing is left behind. The store's URL, for the caller to show.
 pub fn attach(dir: &Path, conninfo: &str) -> Result<String, VolumeError> {
     let layout = Layout::new(dir);
-    let created_dir = !dir.exists();
-    if created_dir {
-        fs::DirBuilder::new()
-            .mode(0o700)
-            .create(dir)
-            .map_err(io_err(dir))?;
-    } else if fs::read_dir(dir).map_err(io_err(dir))?.next().is_some() {
+    let created_dir = make_dir(dir)?;
+    if !created_dir && fs::read_dir(dir).map_err(io_err(dir))?.next().is_some() {
         return Err(if layout.is_volume() {
             VolumeError::AlreadyFormatted(dir.to_path_buf())
         } else {
@@ -297,12 +283,7 @@ pub fn attach(dir: &Path, conninfo: &str) -> Result<String, VolumeError> {
             })?;
         // The store must answer from this node too.
         check_data_store(&url, true)?;
-        let data = layout.data();
-        b.create(&data).map_err(io_err(&data))?;
-        for i in 0..256 {
-            let sub = data.join(format!("{i:02x}"));
-            b.create(&sub).map_err(io_err(&sub))?;
-        }
+        make_data_dirs(&layout)?;
         Ok(url)
     })();
     if result.is_err() {
@@ -313,6 +294,31 @@ pub fn attach(dir: &Path, conninfo: &str) -> Result<String, VolumeError> {
         }
     }
     result
+}
+
+/// Creates `dir` (0700) if it does not exist; whether it did not.
+fn make_dir(dir: &Path) -> Result<bool, VolumeError> {
+    if dir.exists() {
+        return Ok(false);
+    }
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(dir)
+        .map_err(io_err(dir))?;
+    Ok(true)
+}
+
+/// `data/` and its 256 fan-out directories.
+fn make_data_dirs(layout: &Layout) -> Result<(), VolumeError> {
+    let data = layout.data();
+    let mut b = fs::DirBuilder::new();
+    b.mode(0o700);
+    b.create(&data).map_err(io_err(&data))?;
+    for i in 0..256 {
+        let sub = data.join(format!("{i:02x}"));
+        b.create(&sub).map_err(io_err(&sub))?;
+    }
+    Ok(())
 }
 
 /// The object under a volume's prefix that names it (its uuid).
