@@ -153,7 +153,8 @@ impl Remote {
                             return;
                         }
                     }
-                    if let Err(e) = delete_doomed(&meta, &store) {
+                    let stopping = || *stop.0.lock();
+                    if let Err(e) = delete_doomed(&meta, &store, &stopping) {
                         tracing::warn!(error = %e, "deleting unreferenced objects: retried later");
                     }
                 }
@@ -174,8 +175,10 @@ impl Remote {
 }
 
 /// Deletes the objects whose `Q` records are durable (read from the engine,
-/// not the overlay), then their records.
-fn delete_doomed(meta: &Store, store: &objstore::Store) -> Result<()> {
+/// not the overlay), then their records; stops early once `stopping` says
+/// so (an unmount does not wait for a long queue: the rest is left to the
+/// next mount).
+fn delete_doomed(meta: &Store, store: &objstore::Store, stopping: &dyn Fn() -> bool) -> Result<()> {
     let (start, end) = keys::prefix_range(keys::P_DOOMED);
     loop {
         let page = meta.engine().scan(&start, &end, DELETE_BATCH)?;
@@ -183,7 +186,12 @@ fn delete_doomed(meta: &Store, store: &objstore::Store) -> Result<()> {
             return Ok(());
         }
         let mut w: Vec<Write> = Vec::with_capacity(page.len());
+        let mut stopped = false;
         for (k, _) in &page {
+            if stopping() {
+                stopped = true;
+                break;
+            }
             if let (Some(ino), Some(b), Some(g)) =
                 (keys::key_ino(k), keys::key_block(k), keys::key_gen(k))
             {
@@ -193,11 +201,14 @@ fn delete_doomed(meta: &Store, store: &objstore::Store) -> Result<()> {
             }
             w.push((k.clone(), None));
         }
-        let _lease = meta.lease()?;
-        let seq = meta.apply(w);
-        drop(_lease);
-        meta.wait_durable(seq)?;
-        if page.len() < DELETE_BATCH {
+        let done = w.len();
+        if done > 0 {
+            let _lease = meta.lease()?;
+            let seq = meta.apply(w);
+            drop(_lease);
+            meta.wait_durable(seq)?;
+        }
+        if stopped || done < DELETE_BATCH {
             return Ok(());
         }
     }
