@@ -229,8 +229,10 @@ impl Fs {
         for _ in 0..RACES {
             match self.fetch_locked(r, ino) {
                 // Replaced by another node and deleted since the map was
-                // read: read it again.
-                Err(CoreError::Store(StoreError::NotFound(_))) => continue,
+                // read: read it again, from the engine.
+                Err(CoreError::Store(StoreError::NotFound(_))) => {
+                    r.maps.lock().remove(&ino);
+                }
                 other => return other,
             }
         }
