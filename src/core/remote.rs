@@ -39,6 +39,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
+use super::data::read_up_to;
 use super::store::Store;
 use super::{CoreError, Fs, Result};
 use crate::format::blocks::{self, BLOCK, BlockRef};
@@ -283,7 +284,7 @@ impl Fs {
                     // A hole here (a lost cache): nothing to compare.
                     if data_in(&f, off, n)? {
                         buf.resize(n as usize, 0);
-                        if read_full(&f, &mut buf, off)? == buf.len()
+                        if read_up_to(&f, &mut buf, off)? == buf.len()
                             && blocks::hash(&buf) == b.hash
                         {
                             continue;
@@ -438,7 +439,7 @@ impl Fs {
             let idx = (data / BLOCK) as u32;
             let off = u64::from(idx) * BLOCK;
             buf.resize((len - off).min(BLOCK) as usize, 0);
-            let n = read_full(&f, &mut buf, off)?;
+            let n = read_up_to(&f, &mut buf, off)?;
             if n < buf.len() {
                 // It shrank meanwhile: a later upload takes the rest.
                 buf.truncate(n);
@@ -807,19 +808,6 @@ fn open_raw(path: &Path) -> std::io::Result<File> {
         .write(true)
         .custom_flags(libc::O_CLOEXEC | libc::O_NOATIME)
         .open(path)
-}
-
-fn read_full(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        match f.read_at(&mut buf[done..], off + done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
 }
 
 fn set_xattr(f: &File, name: &std::ffi::CStr, value: &[u8]) -> std::io::Result<()> {

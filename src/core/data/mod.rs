@@ -332,7 +332,7 @@ pub fn arm_atime(f: &File) -> io::Result<()> {
 
 /// Reads into `buf` from `offset` until it is full or the file ends; the
 /// bytes read.
-fn read_up_to(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+pub(crate) fn read_up_to(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
         match file.read_at(&mut buf[done..], offset + done as u64) {
