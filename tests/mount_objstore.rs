@@ -626,3 +626,96 @@ fn a_damaged_object_is_an_error_never_served() {
     assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
     assert!(v.daemon_log().contains("does not match its block record"));
 }
+
+#[test]
+fn fsck_checks_the_store_against_the_block_maps_and_repairs_from_the_cache() {
+    let url = bucket("fsck");
+    let mut v = volume(&url, &[]);
+    fs::write(v.path("a"), pattern(20, 5 * MIB)).unwrap();
+    fs::write(v.path("b"), pattern(21, MIB)).unwrap();
+    v.unmount();
+    let store = client(&url);
+    let listed = objects(&store);
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    let out = safs(["fsck", "--data-check", s(v.vol())]);
+    out.assert_success("fsck --data-check of a clean volume");
+
+    // One object gone, one changed in place (same length), and one that no
+    // record names (an upload cut short leaves such).
+    store.delete(&listed[0].0).unwrap();
+    let mut bytes = store.get(&listed[1].0).unwrap();
+    bytes[7] ^= 0x40;
+    store.put(&listed[1].0, bytes).unwrap();
+    let stray = "b/99/0000000000000099/00000000.0000000000000007";
+    store.put(stray, vec![1; 100]).unwrap();
+
+    // Without --data-check the changed bytes go unseen; the rest is said.
+    let out = safs(["fsck", s(v.vol())]);
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert!(
+        out.stdout
+            .contains("is missing from the store; the local cache holds its bytes"),
+        "{out:?}"
+    );
+    assert!(!out.stdout.contains("damaged"), "{out:?}");
+    assert!(
+        out.stdout.contains(&format!(
+            "leftover: object {stray} (100 bytes) is named by no block record"
+        )),
+        "{out:?}"
+    );
+    let out = safs(["fsck", "--data-check", s(v.vol())]);
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert!(
+        out.stdout
+            .contains("does not match its record's hash (damaged)"),
+        "{out:?}"
+    );
+    assert_eq!(
+        objects(&store).len(),
+        3,
+        "a check without --repair changes nothing"
+    );
+
+    // Repair: both blocks uploaded again from the cache, the stray deleted.
+    let out = safs(["fsck", "--repair", "--data-check", s(v.vol())]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(
+        out.stdout
+            .matches("uploaded again from the local cache")
+            .count(),
+        2,
+        "{out:?}"
+    );
+    assert_eq!(objects(&store), listed);
+    safs(["fsck", "--data-check", s(v.vol())]).assert_success("fsck after the repair");
+    lose_cache(&v);
+    v.mount();
+    assert_eq!(fs::read(v.path("a")).unwrap(), pattern(20, 5 * MIB));
+    assert_eq!(fs::read(v.path("b")).unwrap(), pattern(21, MIB));
+    v.unmount();
+
+    // With no cache to take it from, a lost object is lost data: said, not
+    // repairable.
+    lose_cache(&v);
+    store.delete(&listed[2].0).unwrap();
+    let out = safs(["fsck", "--repair", s(v.vol())]);
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert!(
+        out.stdout
+            .contains("no cache holds its bytes: that block reads as an error"),
+        "{out:?}"
+    );
+
+    // A store fsck cannot reach: nothing checked, an operational error.
+    let out = run_cmd(
+        std::process::Command::new(env!("CARGO_BIN_EXE_safs"))
+            .args(["fsck", s(v.vol())])
+            .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9"),
+    );
+    assert_eq!(out.status.code(), Some(8), "{out:?}");
+    assert!(
+        out.stderr.contains("nothing was checked or changed"),
+        "{out:?}"
+    );
+}

@@ -30,6 +30,11 @@ pub struct FsckArgs {
     /// records, names or contents).
     #[arg(long, conflicts_with_all = ["repair", "passphrase_file"])]
     pub structure_only: bool,
+    /// On a volume whose contents are in an object store, read every
+    /// object and check its bytes against its record (else only that each
+    /// is there, with its length).
+    #[arg(long, conflicts_with = "structure_only")]
+    pub data_check: bool,
 }
 
 /// Returns the e2fsck-style exit code: 0 clean, 1 repaired, 4 errors left,
@@ -61,6 +66,9 @@ pub fn run(a: FsckArgs) -> i32 {
     }
     if a.structure_only {
         cmd.arg("--structure-only");
+    }
+    if a.data_check {
+        cmd.arg("--data-check");
     }
     match cmd.status() {
         Ok(status) => verdict(&a.volume, status),
@@ -131,7 +139,11 @@ fn check(a: FsckArgs) -> i32 {
     } else {
         Access::Full(&ask)
     };
-    let result = fsck::run(&a.volume, access, a.repair, &progress);
+    let checks = fsck::Checks {
+        repair: a.repair,
+        data_check: a.data_check,
+    };
+    let result = fsck::run(&a.volume, access, checks, &progress);
     bar.finish_and_clear();
     match result {
         Ok(report) => {
@@ -154,12 +166,20 @@ fn check(a: FsckArgs) -> i32 {
             if leftovers > 0 {
                 let verb = if a.repair {
                     "recovered here"
+                } else if report
+                    .findings
+                    .iter()
+                    .any(|f| f.leftover && f.what.starts_with("object "))
+                {
+                    "the next mount recovers them, objects no record names excepted \
+                     (run with --repair to delete those)"
                 } else {
                     "the next mount recovers them (or run with --repair)"
                 };
                 println!(
                     "{leftovers} leftovers of an unclean stop, not errors (inodes unlinked while \
-                     open, stale sizes, stray backing files, unfinished truncates): {verb}"
+                     open, stale sizes, stray backing files, unfinished truncates, objects no \
+                     record names): {verb}"
                 );
             }
             let verdict = match report.exit_code() {

@@ -111,6 +111,27 @@ pub fn object_key(ino: u64, block: u32, generation: u64) -> String {
     )
 }
 
+/// The inode, block and generation an [`object_key`] names; `None` for a
+/// key no safs volume makes.
+pub fn parse_object_key(key: &str) -> Option<(u64, u32, u64)> {
+    let mut parts = key.strip_prefix("b/")?.split('/');
+    let (spread, ino, rest) = (parts.next()?, parts.next()?, parts.next()?);
+    let (block, generation) = rest.split_once('.')?;
+    let sizes = (spread.len(), ino.len(), block.len(), generation.len());
+    if parts.next().is_some() || sizes != (2, 16, 8, 16) {
+        return None;
+    }
+    let ino = u64::from_str_radix(ino, 16).ok()?;
+    let found = (
+        ino,
+        u32::from_str_radix(block, 16).ok()?,
+        u64::from_str_radix(generation, 16).ok()?,
+    );
+    (u64::from_str_radix(spread, 16).ok()? == ino & 0xff
+        && object_key(found.0, found.1, found.2) == key)
+        .then_some(found)
+}
+
 pub fn encode_store(url: &str) -> Vec<u8> {
     seal(keys::DATA_STORE, Kind::DataStore, url.as_bytes())
 }
@@ -156,6 +177,20 @@ mod tests {
             object_key(0x1234, 2, 5),
             "b/34/0000000000001234/00000002.0000000000000005"
         );
+        assert_eq!(
+            parse_object_key("b/34/0000000000001234/00000002.0000000000000005"),
+            Some((0x1234, 2, 5))
+        );
+        for foreign in [
+            "b/35/0000000000001234/00000002.0000000000000005",
+            "b/34/0000000000001234/00000002",
+            "b/34/0000000000001234/00000002.000000000000000g",
+            "b/34/0000000000001234/00000002.0000000000000005/x",
+            "volume",
+            "b/34/0000000000001234/0000002.00000000000000005",
+        ] {
+            assert_eq!(parse_object_key(foreign), None, "{foreign}");
+        }
         let q = keys::doomed(0x1234, 2, 5);
         assert_eq!(
             (keys::key_ino(&q), keys::key_block(&q), keys::key_gen(&q)),

@@ -93,6 +93,13 @@ pub enum FsckError {
     Meta(#[from] MetaError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    /// The volume's object store cannot be checked (no credentials, not
+    /// reachable): nothing was checked or repaired.
+    #[error(
+        "the volume's contents are in an object store, which fsck checks too: {0} \
+         (nothing was checked or changed)"
+    )]
+    Store(#[from] crate::objstore::StoreError),
 }
 
 pub type Result<T> = std::result::Result<T, FsckError>;
@@ -232,6 +239,10 @@ struct Checker<'a> {
     /// Contents are in an object store: sizes come from block maps, and
     /// backing files are a cache.
     remote: bool,
+    /// That store, on such volumes.
+    objects: Option<crate::objstore::Store>,
+    /// Read every object and check it against its record's hash.
+    data_check: bool,
 }
 
 const PAGE: usize = 4096;
@@ -331,6 +342,7 @@ impl Checker<'_> {
 mod contents;
 mod entries;
 mod inodes;
+mod objects;
 mod structure;
 mod sweep;
 mod xattrs;
@@ -348,9 +360,25 @@ fn unreadable(what: String) -> Report {
     }
 }
 
+/// What a check does beyond reading the metadata.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Checks {
+    /// Fix what can be fixed without guessing.
+    pub repair: bool,
+    /// On a volume whose contents are in an object store: read every
+    /// object and check its bytes (else its presence and length only).
+    pub data_check: bool,
+}
+
 /// Checks (and with `repair`, repairs) the unmounted volume at `dir`,
 /// reading as much of an encrypted one as `access` allows.
-pub fn run(dir: &Path, access: Access<'_>, repair: bool, progress: Progress<'_>) -> Result<Report> {
+pub fn run(
+    dir: &Path,
+    access: Access<'_>,
+    checks: Checks,
+    progress: Progress<'_>,
+) -> Result<Report> {
+    let repair = checks.repair;
     let layout = Layout::new(dir);
     if !layout.is_volume() {
         return Err(volume::VolumeError::NotAVolume(dir.to_path_buf()).into());
@@ -381,7 +409,7 @@ pub fn run(dir: &Path, access: Access<'_>, repair: bool, progress: Progress<'_>)
         e => volume::VolumeError::Meta(e).into(),
     })?;
     if !sb.is_encrypted() {
-        return check_store(store, None, &layout, &sb, repair, progress);
+        return check_store(store, None, &layout, &sb, checks, progress);
     }
     let ask = match access {
         Access::StructureOnly if repair => {
@@ -410,7 +438,7 @@ pub fn run(dir: &Path, access: Access<'_>, repair: bool, progress: Progress<'_>)
         e => volume::VolumeError::Crypto(e).into(),
     })?;
     let keys = volume::keys_for(&master, &sb);
-    check_store(store, Some(keys), &layout, &sb, repair, progress)
+    check_store(store, Some(keys), &layout, &sb, checks, progress)
 }
 
 fn check_store(
@@ -418,10 +446,18 @@ fn check_store(
     keys: Option<Arc<VolumeKeys>>,
     layout: &Layout,
     sb: &crate::format::superblock::Superblock,
-    repair: bool,
+    checks: Checks,
     progress: Progress<'_>,
 ) -> Result<Report> {
+    let repair = checks.repair;
     let budget = sb.inline_bytes;
+    // Before anything is read or changed: a store fsck cannot reach ends
+    // the check with nothing done.
+    let objects = if sb.has_object_store() {
+        Some(objects::connect(raw.as_ref())?)
+    } else {
+        None
+    };
     let (store, names): (Arc<dyn MetaStore>, Keyspace) = match &keys {
         Some(k) => (
             Arc::new(SealedStore::new(Arc::clone(&raw), Arc::clone(k))),
@@ -443,6 +479,8 @@ fn check_store(
         orphans: 0,
         unclean: false,
         remote: sb.has_object_store(),
+        objects,
+        data_check: checks.data_check,
     };
     let mount_state = c.raw.get(keys::MOUNT_STATE)?;
     c.unclean = match mount_state.map(|rec| c.open(keys::MOUNT_STATE, rec)) {
@@ -489,6 +527,11 @@ fn check_store(
             .push((keys::MOUNT_STATE.to_vec(), Some(m.encode())));
     }
     c.flush()?;
+    if c.objects.is_some() {
+        progress("objects", 0, 1);
+        c.check_objects(progress)?;
+        c.flush()?;
+    }
     progress("done", 1, 1);
     Ok(c.report)
 }

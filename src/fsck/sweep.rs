@@ -201,6 +201,9 @@ impl Checker<'_> {
         for (wanted, prefix) in [
             (inode.spill_len > 0, keys::P_SPILL),
             (inode.overflow > 0, keys::P_OVERFLOW),
+            // Its objects then belong to no record: the object pass
+            // deletes them.
+            (inode.is_reg() && self.remote, keys::P_BLOCK),
         ] {
             if !wanted {
                 continue;
