@@ -280,6 +280,83 @@ pub fn render(s: &StatsReply) -> String {
             l.wait_ns as f64 / 1e9,
         );
     }
+    if let Some(st) = &s.store {
+        let gauges: [(&str, &str, u64); 4] = [
+            (
+                "safs_data_cache_bytes",
+                "Bytes closed files' contents cached from the object store take.",
+                st.cache_bytes,
+            ),
+            (
+                "safs_data_cache_files",
+                "Closed files whose contents are cached from the object store.",
+                st.cache_files,
+            ),
+            (
+                "safs_data_cache_limit_bytes",
+                "The bound of the object store's cache (-o cache_size).",
+                st.cache_limit_bytes,
+            ),
+            (
+                "safs_store_uploads_waiting",
+                "Uploads running and closed files whose upload failed (tried again at unmount).",
+                st.uploads_waiting,
+            ),
+        ];
+        for (name, help, v) in gauges {
+            sample(o, name, "gauge", help, v);
+        }
+        let counters: [(&str, &str, u64); 9] = [
+            (
+                "safs_data_cache_hits_total",
+                "Opens and truncates whose contents were cached.",
+                st.hits,
+            ),
+            (
+                "safs_data_cache_misses_total",
+                "Opens and truncates that fetched blocks from the object store.",
+                st.misses,
+            ),
+            (
+                "safs_store_fetched_blocks_total",
+                "Blocks fetched from the object store.",
+                st.fetched_blocks,
+            ),
+            (
+                "safs_store_fetched_bytes_total",
+                "Bytes fetched from the object store.",
+                st.fetched_bytes,
+            ),
+            (
+                "safs_store_uploaded_blocks_total",
+                "Blocks uploaded to the object store.",
+                st.uploaded_blocks,
+            ),
+            (
+                "safs_store_uploaded_bytes_total",
+                "Bytes uploaded to the object store.",
+                st.uploaded_bytes,
+            ),
+            (
+                "safs_store_deleted_objects_total",
+                "Objects no record names any more, deleted from the store.",
+                st.deleted_objects,
+            ),
+            (
+                "safs_data_cache_evicted_files_total",
+                "Cached files dropped to keep the cache within its bound.",
+                st.evicted_files,
+            ),
+            (
+                "safs_data_cache_evicted_bytes_total",
+                "Bytes of cached files dropped to keep the cache within its bound.",
+                st.evicted_bytes,
+            ),
+        ];
+        for (name, help, v) in counters {
+            sample(o, name, "counter", help, v);
+        }
+    }
     sample(
         o,
         "safs_broken_counts_total",

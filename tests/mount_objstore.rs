@@ -719,3 +719,93 @@ fn fsck_checks_the_store_against_the_block_maps_and_repairs_from_the_cache() {
         "{out:?}"
     );
 }
+
+/// Bytes the backing files in the volume's cache take on disk.
+fn cached_bytes(vol: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut n = 0;
+    for d in fs::read_dir(vol.join("data")).unwrap().flatten() {
+        for f in fs::read_dir(d.path()).unwrap().flatten() {
+            n += f.metadata().map_or(0, |m| m.blocks() * 512);
+        }
+    }
+    n
+}
+
+/// The daemon's figures of its store and cache (`safs info --json`).
+fn store_stats(v: &TestVolume) -> serde_json::Value {
+    let out = safs(["info".as_ref(), "--json".as_ref(), v.mnt().as_os_str()]);
+    out.assert_success("safs info --json");
+    let stats: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    stats["store"].clone()
+}
+
+#[test]
+fn the_cache_stays_within_its_bound_and_never_drops_an_open_file() {
+    const BOUND: u64 = 8 << 20;
+    let url = bucket("bound");
+    let mut v = TestVolume::formatted(&["--data", &url]);
+    v.set_options(&["cache_size=8M"]);
+    v.mount();
+    fs::write(v.path("held"), pattern(30, 3 * MIB)).unwrap();
+    let held = File::open(v.path("held")).unwrap();
+    for i in 0..5u8 {
+        fs::write(v.path(format!("f{i}")), pattern(40 + i, 3 * MIB)).unwrap();
+    }
+    // Closes reach the daemon after the writers' close returns.
+    let settled = wait_until(Duration::from_secs(10), || {
+        store_stats(&v)["evicted_files"].as_u64().unwrap() >= 3
+    });
+    let st = store_stats(&v);
+    assert!(settled, "{st}");
+    assert_eq!(st["cache_limit_bytes"].as_u64(), Some(BOUND), "{st}");
+    assert!(st["cache_bytes"].as_u64().unwrap() <= BOUND, "{st}");
+    // The open file is not counted, and not dropped: its 3 MiB are on top.
+    assert!(cached_bytes(v.vol()) <= BOUND + 3 * MIB as u64, "{st}");
+    let mut buf = vec![0u8; 3 * MIB];
+    held.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, pattern(30, 3 * MIB));
+
+    // The dropped files come back from the store, whole.
+    let misses = st["misses"].as_u64().unwrap();
+    for i in 0..5u8 {
+        assert_eq!(
+            fs::read(v.path(format!("f{i}"))).unwrap(),
+            pattern(40 + i, 3 * MIB)
+        );
+    }
+    let st = store_stats(&v);
+    assert!(st["misses"].as_u64().unwrap() >= misses + 3, "{st}");
+    assert!(
+        st["fetched_bytes"].as_u64().unwrap() >= 9 * MIB as u64,
+        "{st}"
+    );
+    drop(held);
+    let info = safs(["info", "--stats", s(v.mnt())]);
+    info.assert_success("safs info --stats");
+    assert!(info.stdout.contains("data cache:"), "{}", info.stdout);
+
+    // A mount with a smaller bound trims what the last one kept.
+    v.unmount();
+    v.set_options(&["cache_size=4M"]);
+    v.mount();
+    assert!(
+        cached_bytes(v.vol()) <= 4 << 20,
+        "{}",
+        cached_bytes(v.vol())
+    );
+    for i in 0..5u8 {
+        assert_eq!(
+            fs::read(v.path(format!("f{i}"))).unwrap(),
+            pattern(40 + i, 3 * MIB)
+        );
+    }
+    assert_eq!(fs::read(v.path("held")).unwrap(), pattern(30, 3 * MIB));
+    v.unmount();
+    safs(["fsck", s(v.vol())]).assert_success("fsck after the cache was trimmed");
+
+    let spare = tempfile::tempdir().unwrap();
+    let out = safs(["mount", s(v.vol()), s(spare.path()), "-o", "cache_size=12Q"]);
+    out.assert_failure_with_message("a mount with cache_size=12Q");
+    assert!(out.stderr.contains("cache_size"), "{}", out.stderr);
+}

@@ -75,6 +75,29 @@ fn print_stats(sock: &Path, json: bool) -> anyhow::Result<()> {
         "engine:         {} point reads, {} scans, {} commits",
         stats.engine.gets, stats.engine.scans, stats.engine.commits
     );
+    if let Some(st) = &stats.store {
+        println!(
+            "object store:   {}; fetched {} blocks ({} MiB), uploaded {} blocks ({} MiB), \
+             deleted {} objects; {} uploads waiting",
+            st.url,
+            st.fetched_blocks,
+            st.fetched_bytes >> 20,
+            st.uploaded_blocks,
+            st.uploaded_bytes >> 20,
+            st.deleted_objects,
+            st.uploads_waiting
+        );
+        println!(
+            "data cache:     {} closed files, {} of {} MiB; {} of opens found their contents \
+             cached; {} files ({} MiB) dropped to stay within the bound",
+            st.cache_files,
+            st.cache_bytes >> 20,
+            st.cache_limit_bytes >> 20,
+            ratio(st.hits, st.misses),
+            st.evicted_files,
+            st.evicted_bytes >> 20
+        );
+    }
     match &stats.uring_queues {
         Some(q) => println!(
             "transport:      FUSE over io_uring, {} queues; requests per queue: {}",

@@ -46,7 +46,9 @@ pub struct MountArgs {
     /// PostgreSQL server it cannot reach before it fails, default 30),
     /// data_timeout=SECONDS (how long a call to the object store of a
     /// --data volume may take, retries included, before the file
-    /// operation fails with EIO; default 30),
+    /// operation fails with EIO; default 30), cache_size=SIZE (the most
+    /// closed files' contents this node keeps cached from the object
+    /// store: 500M, 20G, 1T, a bare number in MiB; default 100G),
     /// transport=auto|uring|dev (FUSE over io_uring when the kernel offers
     /// it, the default, or required, or /dev/fuse reads and writes),
     /// dircache=0|1 (the directory cache, half of cache_mb at most; on by
@@ -64,6 +66,24 @@ pub struct MountArgs {
     pub passphrase_file: Option<PathBuf>,
     #[arg(long, hide = true)]
     pub daemon_child: bool,
+}
+
+/// A size in bytes from `N[K|M|G|T]` (binary units; a bare number is in
+/// MiB, as JuiceFS's `--cache-size` is).
+fn size_mib(v: &str) -> anyhow::Result<u64> {
+    let v = v.trim();
+    let (digits, shift) = match v.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&v[..i], 10),
+        Some((i, 'm' | 'M')) => (&v[..i], 20),
+        Some((i, 'g' | 'G')) => (&v[..i], 30),
+        Some((i, 't' | 'T')) => (&v[..i], 40),
+        _ => (v, 20),
+    };
+    let n: u64 = digits
+        .parse()
+        .with_context(|| format!("{v:?} is not a size"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| anyhow::anyhow!("{v} is too large"))
 }
 
 #[derive(Debug)]
@@ -87,6 +107,8 @@ struct MountOpts {
     meta_timeout: u64,
     /// Seconds a call to the object store may take.
     data_timeout: u64,
+    /// Bytes of closed files' contents cached from the object store.
+    cache_size: u64,
     threads: usize,
     cache_mb: u64,
     /// `None`: the core's default (on for encrypted volumes).
@@ -139,6 +161,7 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
         commit_ms: None,
         meta_timeout: safs::meta::postgres::OUTAGE_WAIT.as_secs(),
         data_timeout: safs::objstore::Limits::default().timeout.as_secs(),
+        cache_size: safs::core::DEFAULT_DATA_CACHE,
         threads: 4,
         cache_mb: 256,
         dircache: None,
@@ -205,6 +228,10 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
                 if !(1..=3600).contains(&o.data_timeout) {
                     bail!("data_timeout must be 1..=3600 (seconds)");
                 }
+            }
+            "cache_size" => {
+                o.cache_size = size_mib(val.unwrap_or_default())
+                    .context("option cache_size needs a size: 500M, 20G, 1T, or MiB")?;
             }
             "cache_mb" => {
                 o.cache_mb = num(val)?;
@@ -565,6 +592,7 @@ fn serve(
             dircache: o.dircache,
             keys,
             data_timeout: std::time::Duration::from_secs(o.data_timeout),
+            data_cache_bytes: o.cache_size,
             ..Options::default()
         },
     )
@@ -710,4 +738,22 @@ pub fn remount(mountpoint: &Path, options: &[String]) -> anyhow::Result<()> {
         &format!("atime {mode} {dirs}"),
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_binary_units_and_mib_by_default() {
+        assert_eq!(size_mib("500").unwrap(), 500 << 20);
+        assert_eq!(size_mib("500M").unwrap(), 500 << 20);
+        assert_eq!(size_mib("20g").unwrap(), 20 << 30);
+        assert_eq!(size_mib("1T").unwrap(), 1 << 40);
+        assert_eq!(size_mib("64K").unwrap(), 64 << 10);
+        assert_eq!(size_mib("0").unwrap(), 0);
+        for bad in ["", "M", "12Q", "-1G", "1.5G", "99999999999T"] {
+            assert!(size_mib(bad).is_err(), "{bad}");
+        }
+    }
 }

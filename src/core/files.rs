@@ -61,18 +61,26 @@ impl Fs {
         if mode.truncate || (mode.write && self.setid_at_open()) {
             self.load_creds_for_set_ids(ctx, ino);
         }
-        if !mode.truncate {
-            self.fetch(ino)?;
-        }
-        let h = self.open_locked(ctx, ino, mode)?;
+        let h = loop {
+            if !mode.truncate {
+                self.fetch(ino)?;
+            }
+            // None: dropped from the cache since the fetch.
+            if let Some(h) = self.open_locked(ctx, ino, mode)? {
+                break h;
+            }
+        };
         // Not under the ticket's lease: flushing takes the lease itself.
         drop(_space);
         self.flush_atimes();
         Ok(h)
     }
 
-    fn open_locked(&self, ctx: &Ctx, ino: u64, mode: OpenMode) -> Result<Arc<Handle>> {
+    fn open_locked(&self, ctx: &Ctx, ino: u64, mode: OpenMode) -> Result<Option<Arc<Handle>>> {
         let mut st = self.state.lock();
+        if !mode.truncate && self.evicted(ino) {
+            return Ok(None);
+        }
         let mut inode = self.inode(&mut st, ino)?;
         if inode.is_dir() {
             return Err(CoreError::IsDir);
@@ -105,6 +113,7 @@ impl Fs {
         }
         self.commit(w)?;
         self.register_handle(&mut st, ino, Arc::new(file), mode.write, ctx.pid)
+            .map(Some)
     }
 
     /// Turns on clearing set-id bits at a writer's open (see the field).

@@ -48,6 +48,7 @@ pub use error::{CoreError, Result};
 pub use files::{Handle, OpenMode};
 pub use ids::{Cookie, Fh, Generation, Ino};
 pub use namespace::{DirEntry, RenameFlags, SetAttr, Statfs, TimeSet};
+pub use remote::StoreFigures;
 pub use shared::{Inval, KernelInval};
 pub use store::{Health, LeaseFigures};
 
@@ -137,7 +138,14 @@ pub struct Options {
     pub dircache: Option<bool>,
     /// How long a call to the object store may take (volumes with one).
     pub data_timeout: Duration,
+    /// The most bytes closed files' cached contents may take on the disk
+    /// under the volume (volumes whose contents are in an object store).
+    pub data_cache_bytes: u64,
 }
+
+/// The default bound of a node's cache of an object store's contents
+/// (JuiceFS's default too).
+pub const DEFAULT_DATA_CACHE: u64 = 100 << 30;
 
 impl Default for Options {
     fn default() -> Self {
@@ -152,6 +160,7 @@ impl Default for Options {
             keys: None,
             dircache: None,
             data_timeout: crate::objstore::Limits::default().timeout,
+            data_cache_bytes: DEFAULT_DATA_CACHE,
         }
     }
 }
@@ -295,6 +304,7 @@ impl Fs {
                 &url,
                 &layout.data(),
                 opts.data_timeout,
+                opts.data_cache_bytes,
             )?)
         } else {
             None

@@ -327,6 +327,12 @@ impl Fs {
         }
         let _space = self.writable()?;
         let mut st = self.state.lock();
+        while set.size.is_some() && self.evicted(ino) {
+            // Dropped from the cache since the fetch.
+            drop(st);
+            self.fetch(ino)?;
+            st = self.state.lock();
+        }
         let mut inode = self.inode(&mut st, ino)?;
         let now = Timestamp::now();
         let mut w = Vec::new();

@@ -25,15 +25,19 @@
 //!   freed) are queued (`Q` records, in the batch that drops them) and
 //!   deleted by a background thread once that batch is durable.
 //!
-//! One node serves the volume at a time here: what several nodes need on
-//! top (a node's cached blocks dropped when another changes the map, and
-//! objects kept while another node may still read them) is not built yet.
+//! - **The cache is bounded** (`-o cache_size=`): closed files' backing
+//!   files are kept in the order of their last close, and the oldest are
+//!   deleted once their bytes pass the bound ([`Fs::trim_cache`]). Open
+//!   files and files whose changes are not uploaded are never dropped.
+//!   An open checks, under the state lock, that its file was not dropped
+//!   between its fetch and its handle, and fetches again if it was.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -72,8 +76,86 @@ pub(super) enum Upload {
     Recover,
 }
 
+/// What the store and the cache did since the mount (`safs info --stats`,
+/// metrics).
+#[derive(Debug, Default)]
+struct Counters {
+    /// Opens and truncates whose backing file was current, or was brought
+    /// up to date without the store; and those that fetched blocks.
+    hits: AtomicU64,
+    misses: AtomicU64,
+    fetched_blocks: AtomicU64,
+    fetched_bytes: AtomicU64,
+    uploaded_blocks: AtomicU64,
+    uploaded_bytes: AtomicU64,
+    deleted_objects: AtomicU64,
+    evicted_files: AtomicU64,
+    evicted_bytes: AtomicU64,
+    /// Uploads running now.
+    uploading: AtomicU64,
+}
+
+/// The store's and the cache's figures, for `safs info --stats`.
+#[derive(Clone, Debug, Default)]
+pub struct StoreFigures {
+    pub url: String,
+    /// Closed files' bytes in the cache, how many files, and the bound.
+    pub cache_bytes: u64,
+    pub cache_files: u64,
+    pub cache_limit: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub fetched_blocks: u64,
+    pub fetched_bytes: u64,
+    pub uploaded_blocks: u64,
+    pub uploaded_bytes: u64,
+    pub deleted_objects: u64,
+    pub evicted_files: u64,
+    pub evicted_bytes: u64,
+    /// Uploads running, plus closed files whose upload failed (tried again
+    /// at unmount).
+    pub uploads_waiting: u64,
+}
+
+/// Closed files' backing files in the order of their last close, with the
+/// bytes each takes on the disk under the cache.
+#[derive(Debug, Default)]
+struct Cache {
+    limit: u64,
+    files: HashMap<u64, (u64, u64)>,
+    order: BTreeMap<u64, u64>,
+    bytes: u64,
+    tick: u64,
+}
+
+impl Cache {
+    fn insert(&mut self, ino: u64, bytes: u64) {
+        self.remove(ino);
+        self.tick += 1;
+        self.files.insert(ino, (bytes, self.tick));
+        self.order.insert(self.tick, ino);
+        self.bytes += bytes;
+    }
+
+    fn remove(&mut self, ino: u64) {
+        if let Some((bytes, tick)) = self.files.remove(&ino) {
+            self.order.remove(&tick);
+            self.bytes -= bytes;
+        }
+    }
+
+    /// The file closed longest ago, if the cache is past its bound.
+    fn oldest_over(&self) -> Option<u64> {
+        (self.bytes > self.limit)
+            .then(|| self.order.first_key_value().map(|(_, &ino)| ino))
+            .flatten()
+    }
+}
+
 pub(super) struct Remote {
     store: Arc<objstore::Store>,
+    counters: Arc<Counters>,
+    cache: Mutex<Cache>,
     stripes: Box<[Mutex<()>]>,
     /// Inodes whose backing file is known to hold their contents this
     /// session (fetched, uploaded, or dirty).
@@ -95,7 +177,12 @@ impl Remote {
     /// Connects to the store the volume's `U` record names, with the
     /// credentials of this process's environment, and checks that it
     /// answers.
-    pub(super) fn connect(url: &str, data_dir: &Path, timeout: Duration) -> Result<Remote> {
+    pub(super) fn connect(
+        url: &str,
+        data_dir: &Path,
+        timeout: Duration,
+        cache_limit: u64,
+    ) -> Result<Remote> {
         let config = objstore::StoreConfig::from_env(url).map_err(CoreError::Store)?;
         let limits = objstore::Limits {
             timeout,
@@ -119,6 +206,11 @@ impl Remote {
         let _ = remove_xattr(&f, MAP);
         Ok(Remote {
             store: Arc::new(store),
+            counters: Arc::default(),
+            cache: Mutex::new(Cache {
+                limit: cache_limit,
+                ..Cache::default()
+            }),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             current: Mutex::new(HashSet::new()),
             maps: Mutex::new(HashMap::new()),
@@ -140,6 +232,7 @@ impl Remote {
     /// Starts deleting the objects queued for deletion.
     pub(super) fn start_deleter(&self, meta: Arc<Store>) {
         let (store, stop) = (Arc::clone(&self.store), Arc::clone(&self.stop));
+        let counters = Arc::clone(&self.counters);
         let t = std::thread::Builder::new()
             .name("safs-deleter".into())
             .spawn(move || {
@@ -155,7 +248,7 @@ impl Remote {
                         }
                     }
                     let stopping = || *stop.0.lock();
-                    if let Err(e) = delete_doomed(&meta, &store, &stopping) {
+                    if let Err(e) = delete_doomed(&meta, &store, &counters, &stopping) {
                         tracing::warn!(error = %e, "deleting unreferenced objects: retried later");
                     }
                 }
@@ -179,7 +272,12 @@ impl Remote {
 /// not the overlay), then their records; stops early once `stopping` says
 /// so (an unmount does not wait for a long queue: the rest is left to the
 /// next mount).
-fn delete_doomed(meta: &Store, store: &objstore::Store, stopping: &dyn Fn() -> bool) -> Result<()> {
+fn delete_doomed(
+    meta: &Store,
+    store: &objstore::Store,
+    counters: &Counters,
+    stopping: &dyn Fn() -> bool,
+) -> Result<()> {
     let (start, end) = keys::prefix_range(keys::P_DOOMED);
     loop {
         let page = meta.engine().scan(&start, &end, DELETE_BATCH)?;
@@ -199,6 +297,7 @@ fn delete_doomed(meta: &Store, store: &objstore::Store, stopping: &dyn Fn() -> b
                 store
                     .delete(&blocks::object_key(ino, b, g))
                     .map_err(CoreError::Store)?;
+                counters.deleted_objects.fetch_add(1, Relaxed);
             }
             w.push((k.clone(), None));
         }
@@ -224,6 +323,7 @@ impl Fs {
             return Ok(());
         };
         if r.current.lock().contains(&ino) {
+            r.counters.hits.fetch_add(1, Relaxed);
             return Ok(());
         }
         let _g = r.lock(ino).lock();
@@ -260,11 +360,13 @@ impl Fs {
             // Changes the store does not have yet: the backing file is newer.
             if get_xattr(f, DIRTY)?.is_some() || get_xattr(f, MAP)?.as_deref() == Some(&digest[..])
             {
+                r.counters.hits.fetch_add(1, Relaxed);
                 r.current.lock().insert(ino);
                 return Ok(());
             }
         }
         if map.is_empty() && local.is_none() {
+            r.counters.hits.fetch_add(1, Relaxed);
             r.current.lock().insert(ino);
             return Ok(());
         }
@@ -303,6 +405,15 @@ impl Fs {
             }
         }
         let fetched = wanted.len();
+        let c = &r.counters;
+        if fetched == 0 {
+            c.hits.fetch_add(1, Relaxed);
+        } else {
+            c.misses.fetch_add(1, Relaxed);
+            c.fetched_blocks.fetch_add(fetched as u64, Relaxed);
+            let bytes: u64 = wanted.iter().map(|(_, _, b)| u64::from(b.len)).sum();
+            c.fetched_bytes.fetch_add(bytes, Relaxed);
+        }
         let keys: Vec<String> = wanted
             .iter()
             .map(|(idx, _, b)| blocks::object_key(ino, *idx, b.generation))
@@ -362,6 +473,13 @@ impl Fs {
             return Ok(0);
         };
         let _g = r.lock(ino).lock();
+        r.counters.uploading.fetch_add(1, Relaxed);
+        let tried = self.upload_tries(r, ino, why);
+        r.counters.uploading.fetch_sub(1, Relaxed);
+        tried
+    }
+
+    fn upload_tries(&self, r: &Remote, ino: u64, why: Upload) -> Result<u64> {
         for _ in 0..RACES {
             if let Some(seq) = self.upload_once(r, ino, why)? {
                 return Ok(seq);
@@ -478,6 +596,8 @@ impl Fs {
                         },
                     );
                     sent.push((idx, generation));
+                    r.counters.uploaded_blocks.fetch_add(1, Relaxed);
+                    r.counters.uploaded_bytes.fetch_add(n as u64, Relaxed);
                     puts.put(
                         blocks::object_key(ino, idx, generation),
                         std::mem::take(&mut buf),
@@ -603,8 +723,15 @@ impl Fs {
     /// At mount: uploads every backing file marked dirty (see the module
     /// comment), left so by a daemon that stopped before its upload; how
     /// many. A look at each cached file's xattr, no read.
+    ///
+    /// The cached files then make up the cache, oldest change first, and
+    /// the cache is trimmed to its bound.
     pub(super) fn upload_dirty(&self) -> Result<u64> {
+        let Some(r) = &self.remote else {
+            return Ok(0);
+        };
         let mut done = 0;
+        let mut cached = Vec::new();
         for i in 0..256 {
             let dir = self.layout.data().join(format!("{i:02x}"));
             for e in std::fs::read_dir(&dir)?.flatten() {
@@ -615,8 +742,23 @@ impl Fs {
                     self.upload(ino, Upload::Recover)?;
                     done += 1;
                 }
+                // Empty ones (the pool's made-ahead files among them) take
+                // no space.
+                if let Ok(m) = e.metadata()
+                    && allocated(&m) > 0
+                {
+                    cached.push((m.modified().ok(), ino, allocated(&m)));
+                }
             }
         }
+        cached.sort();
+        {
+            let mut c = r.cache.lock();
+            for (_, ino, bytes) in cached {
+                c.insert(ino, bytes);
+            }
+        }
+        self.trim_cache();
         Ok(done)
     }
 
@@ -638,6 +780,7 @@ impl Fs {
         r.current.lock().remove(&ino);
         r.maps.lock().remove(&ino);
         r.changes.lock().remove(&ino);
+        r.cache.lock().remove(ino);
         Ok(())
     }
 
@@ -673,11 +816,109 @@ impl Fs {
     }
 
     /// The last handle of `ino` closed: its map is read again at the next
-    /// open (the maps kept stay those of open files).
+    /// open (the maps kept stay those of open files), and its backing file
+    /// joins the cache's newest end — the cache trimmed to its bound.
     pub(super) fn closed_contents(&self, ino: u64) {
         if let Some(r) = &self.remote {
             r.maps.lock().remove(&ino);
+            if let Ok(m) = std::fs::metadata(self.data.path(ino)) {
+                r.cache.lock().insert(ino, allocated(&m));
+            }
+            self.trim_cache();
         }
+    }
+
+    /// Whether `ino`'s backing file was dropped from the cache since its
+    /// fetch (asked under the state lock, after the fetch): the caller
+    /// fetches again.
+    pub(super) fn evicted(&self, ino: u64) -> bool {
+        self.remote
+            .as_ref()
+            .is_some_and(|r| !r.current.lock().contains(&ino))
+    }
+
+    /// Deletes closed files' backing files, those closed longest ago
+    /// first, until the cache is within its bound. A file whose fetch or
+    /// upload runs now goes back to the newest end; one open again or
+    /// holding changes not uploaded is left out (its close brings it back).
+    pub(super) fn trim_cache(&self) {
+        let Some(r) = &self.remote else {
+            return;
+        };
+        let mut busy = Vec::new();
+        loop {
+            let (ino, bytes) = {
+                let mut c = r.cache.lock();
+                let Some(ino) = c.oldest_over() else {
+                    break;
+                };
+                let bytes = c.files.get(&ino).map_or(0, |f| f.0);
+                c.remove(ino);
+                (ino, bytes)
+            };
+            match self.evict(r, ino) {
+                Ok(Some(true)) => {
+                    r.counters.evicted_files.fetch_add(1, Relaxed);
+                    r.counters.evicted_bytes.fetch_add(bytes, Relaxed);
+                }
+                Ok(Some(false)) => {}
+                Ok(None) => busy.push((ino, bytes)),
+                Err(e) => {
+                    tracing::warn!(ino, error = %e, "cannot drop a cached file: kept");
+                }
+            }
+        }
+        let mut c = r.cache.lock();
+        for (ino, bytes) in busy {
+            c.insert(ino, bytes);
+        }
+    }
+
+    /// Drops `ino`'s backing file: `Some(true)` done, `Some(false)` left
+    /// (open, or changes not uploaded), `None` busy (its fetch or upload
+    /// holds its lock).
+    fn evict(&self, r: &Remote, ino: u64) -> Result<Option<bool>> {
+        let Some(_g) = r.lock(ino).try_lock() else {
+            return Ok(None);
+        };
+        let path = self.data.path(ino);
+        {
+            // Opens and truncates mark and register under the state lock,
+            // and look for their file in `current` under it.
+            let st = self.state.lock();
+            if st.any_backing(ino).is_some() || marked_dirty(&path)? {
+                return Ok(Some(false));
+            }
+            r.current.lock().remove(&ino);
+        }
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(Some(true)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Some(false)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The store's and the cache's figures (`None`: contents are local).
+    pub fn store_figures(&self) -> Option<StoreFigures> {
+        let r = self.remote.as_ref()?;
+        let c = &r.counters;
+        let cache = r.cache.lock();
+        Some(StoreFigures {
+            url: r.url(),
+            cache_bytes: cache.bytes,
+            cache_files: cache.files.len() as u64,
+            cache_limit: cache.limit,
+            hits: c.hits.load(Relaxed),
+            misses: c.misses.load(Relaxed),
+            fetched_blocks: c.fetched_blocks.load(Relaxed),
+            fetched_bytes: c.fetched_bytes.load(Relaxed),
+            uploaded_blocks: c.uploaded_blocks.load(Relaxed),
+            uploaded_bytes: c.uploaded_bytes.load(Relaxed),
+            deleted_objects: c.deleted_objects.load(Relaxed),
+            evicted_files: c.evicted_files.load(Relaxed),
+            evicted_bytes: c.evicted_bytes.load(Relaxed),
+            uploads_waiting: c.uploading.load(Relaxed) + r.failed.lock().len() as u64,
+        })
     }
 
     /// `ino`'s map as this node knows it, else as the engine has it.
@@ -738,6 +979,11 @@ fn check_block(ino: u64, block: u32, b: &BlockRef, data: &[u8]) -> Result<()> {
         return Err(CoreError::Io(std::io::Error::from_raw_os_error(libc::EIO)));
     }
     Ok(())
+}
+
+/// Bytes a backing file takes on the disk under the cache.
+fn allocated(m: &std::fs::Metadata) -> u64 {
+    std::os::unix::fs::MetadataExt::blocks(m) * 512
 }
 
 /// Bytes a map covers: up to the end of its last block.
@@ -834,5 +1080,32 @@ fn remove_xattr(f: &File, name: &std::ffi::CStr) -> std::io::Result<()> {
 impl From<StoreError> for CoreError {
     fn from(e: StoreError) -> Self {
         CoreError::Store(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_gives_the_file_closed_longest_ago_once_past_its_bound() {
+        let mut c = Cache {
+            limit: 10,
+            ..Cache::default()
+        };
+        c.insert(1, 4);
+        c.insert(2, 4);
+        assert_eq!(c.oldest_over(), None);
+        c.insert(3, 4);
+        assert_eq!((c.bytes, c.oldest_over()), (12, Some(1)));
+        // Closed again: the newest, with its new size.
+        c.insert(1, 1);
+        assert_eq!((c.bytes, c.oldest_over()), (9, None));
+        c.insert(4, 2);
+        assert_eq!(c.oldest_over(), Some(2));
+        c.remove(2);
+        c.remove(2);
+        assert_eq!((c.bytes, c.files.len(), c.order.len()), (7, 3, 3));
+        assert_eq!(c.oldest_over(), None);
     }
 }

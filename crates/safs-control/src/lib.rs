@@ -186,6 +186,35 @@ pub struct StatsReply {
     /// last bucket, `null`, has none).
     #[serde(default)]
     pub hist_bounds_us: Vec<Option<u64>>,
+    /// A volume whose contents are in an object store: the store's and
+    /// this node's cache's figures since the mount.
+    #[serde(default)]
+    pub store: Option<StoreReport>,
+}
+
+/// The object store and this node's cache of it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct StoreReport {
+    pub url: String,
+    /// Bytes closed files' cached contents take, how many files, and the
+    /// bound (`-o cache_size=`).
+    pub cache_bytes: u64,
+    pub cache_files: u64,
+    pub cache_limit_bytes: u64,
+    /// Opens and truncates whose contents were cached, and those that
+    /// fetched blocks from the store.
+    pub hits: u64,
+    pub misses: u64,
+    pub fetched_blocks: u64,
+    pub fetched_bytes: u64,
+    pub uploaded_blocks: u64,
+    pub uploaded_bytes: u64,
+    pub deleted_objects: u64,
+    pub evicted_files: u64,
+    pub evicted_bytes: u64,
+    /// Uploads running, and closed files whose upload failed (tried again
+    /// at unmount).
+    pub uploads_waiting: u64,
 }
 
 /// One reply line.
