@@ -74,6 +74,9 @@ have stress-ng || need+=(stress-ng)
 # with radosgw (crates/safs-s3server), and s3cmd to make buckets.
 have radosgw || need+=(radosgw ceph-mon ceph-osd ceph-common)
 have s3cmd || need+=(s3cmd)
+# Samba's CTDB recovery-lock helper takes its lock through two mounts
+# (tests/two_mounts.rs: fcntl locks that hold across mounts).
+[ -x /usr/libexec/ctdb/ctdb_mutex_fcntl_helper ] || need+=(ctdb)
 # Prometheus and promtool scrape and check `-o metrics=` (tests/mount_metrics.rs).
 have promtool || need+=(prometheus)
 [ -e /usr/include/sys/acl.h ] || need+=(libacl1-dev) # pjdfstest links libacl

@@ -736,3 +736,236 @@ fn crash_loops_with_one_of_two_daemons_killed_lose_nothing_synced() {
     }
     t.unmount_and_fsck();
 }
+
+/// `fcntl` lock command `cmd` (F_SETLK, F_SETLKW, F_GETLK, F_OFD_*) of
+/// kind `typ` over `len` bytes at `start` (0: to the end) through `f`;
+/// the lock F_GETLK reports.
+fn lk(f: &std::fs::File, cmd: i32, typ: i32, start: i64, len: i64) -> Result<libc::flock, Errno> {
+    use std::os::fd::AsRawFd;
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = typ as i16;
+    l.l_whence = libc::SEEK_SET as i16;
+    l.l_start = start;
+    l.l_len = len;
+    // SAFETY: a valid descriptor and a flock structure that outlives the call.
+    let r = unsafe { libc::fcntl(f.as_raw_fd(), cmd, &mut l) };
+    if r < 0 { Err(Errno::last()) } else { Ok(l) }
+}
+
+fn flock(f: &std::fs::File, op: i32) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid descriptor.
+    let r = unsafe { libc::flock(f.as_raw_fd(), op) };
+    if r < 0 { Err(Errno::last()) } else { Ok(()) }
+}
+
+fn rw(p: &Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(p)
+        .unwrap()
+}
+
+extern "C" fn on_usr1(_: i32) {}
+
+#[test]
+fn fcntl_ofd_and_flock_locks_hold_across_mounts() {
+    use libc::{F_GETLK, F_OFD_SETLK, F_RDLCK, F_SETLK, F_SETLKW, F_UNLCK, F_WRLCK};
+    let mut t = two_mounts();
+    std::fs::write(t.a.path("f"), b"locked").unwrap();
+    std::fs::write(t.a.path("g"), b"other").unwrap();
+    assert!(wait_until(VISIBLE, || t.b.path("g").exists()));
+    let (fa, fb) = (rw(&t.a.path("f")), rw(&t.b.path("f")));
+
+    // Record locks: a write lock through A stands against B where the
+    // ranges meet, and F_GETLK through B reports it.
+    lk(&fa, F_SETLK, F_WRLCK, 0, 100).unwrap();
+    assert_eq!(
+        lk(&fb, F_SETLK, F_WRLCK, 50, 10).unwrap_err(),
+        Errno::EAGAIN
+    );
+    assert_eq!(lk(&fb, F_SETLK, F_RDLCK, 99, 1).unwrap_err(), Errno::EAGAIN);
+    lk(&fb, F_SETLK, F_RDLCK, 100, 100).unwrap();
+    let held = lk(&fb, F_GETLK, F_WRLCK, 0, 10).unwrap();
+    assert_eq!(
+        (i32::from(held.l_type), held.l_start, held.l_len),
+        (F_WRLCK, 0, 100)
+    );
+    // Read locks share; unlocking part of a range frees just that part.
+    lk(&fa, F_SETLK, F_UNLCK, 0, 50).unwrap();
+    lk(&fb, F_SETLK, F_RDLCK, 0, 50).unwrap();
+    assert_eq!(lk(&fb, F_SETLK, F_RDLCK, 50, 1).unwrap_err(), Errno::EAGAIN);
+    lk(&fa, F_SETLK, F_RDLCK, 0, 50).unwrap();
+    assert_eq!(lk(&fa, F_SETLK, F_WRLCK, 0, 1).unwrap_err(), Errno::EAGAIN);
+    lk(&fb, F_SETLK, F_UNLCK, 0, 0).unwrap();
+    lk(&fa, F_SETLK, F_UNLCK, 0, 0).unwrap();
+    let free = lk(&fb, F_GETLK, F_WRLCK, 0, 0).unwrap();
+    assert_eq!(i32::from(free.l_type), F_UNLCK);
+
+    // A close of any descriptor of the file drops the process's record
+    // locks (POSIX), through that mount.
+    lk(&fa, F_SETLK, F_WRLCK, 0, 0).unwrap();
+    assert_eq!(lk(&fb, F_SETLK, F_WRLCK, 0, 0).unwrap_err(), Errno::EAGAIN);
+    drop(std::fs::File::open(t.a.path("f")).unwrap());
+    lk(&fb, F_SETLK, F_WRLCK, 0, 0).unwrap();
+    lk(&fb, F_SETLK, F_UNLCK, 0, 0).unwrap();
+
+    // OFD locks belong to the open file, and go with its last close.
+    let fa2 = rw(&t.a.path("f"));
+    lk(&fa2, F_OFD_SETLK, F_WRLCK, 0, 0).unwrap();
+    assert_eq!(
+        lk(&fb, F_OFD_SETLK, F_RDLCK, 0, 1).unwrap_err(),
+        Errno::EAGAIN
+    );
+    drop(fa2);
+    assert!(wait_until(VISIBLE, || lk(&fb, F_OFD_SETLK, F_RDLCK, 0, 1).is_ok()));
+    lk(&fb, libc::F_OFD_SETLK, F_UNLCK, 0, 0).unwrap();
+
+    // flock: exclusive against shared, shared with shared.
+    flock(&fa, libc::LOCK_EX | libc::LOCK_NB).unwrap();
+    assert_eq!(
+        flock(&fb, libc::LOCK_SH | libc::LOCK_NB).unwrap_err(),
+        Errno::EWOULDBLOCK
+    );
+    flock(&fa, libc::LOCK_SH | libc::LOCK_NB).unwrap();
+    flock(&fb, libc::LOCK_SH | libc::LOCK_NB).unwrap();
+    assert_eq!(
+        flock(&fa, libc::LOCK_EX | libc::LOCK_NB).unwrap_err(),
+        Errno::EWOULDBLOCK
+    );
+    flock(&fa, libc::LOCK_UN).unwrap();
+    flock(&fb, libc::LOCK_UN).unwrap();
+
+    // A blocked F_SETLKW through B is woken by the unlock through A.
+    lk(&fa, F_SETLK, F_WRLCK, 0, 0).unwrap();
+    let fb2 = fb.try_clone().unwrap();
+    let waiter = std::thread::spawn(move || {
+        lk(&fb2, F_SETLKW, F_WRLCK, 0, 0).map(|_| std::time::Instant::now())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !waiter.is_finished(),
+        "F_SETLKW did not wait for the holder"
+    );
+    let unlocked = std::time::Instant::now();
+    lk(&fa, F_SETLK, F_UNLCK, 0, 0).unwrap();
+    let woke = waiter.join().unwrap().unwrap();
+    let after = woke.duration_since(unlocked);
+    // The doorbell wakes it, not the once-a-second retry.
+    assert!(after < Duration::from_millis(900), "woken after {after:?}");
+    lk(&fb, F_SETLK, F_UNLCK, 0, 0).unwrap();
+
+    // A signal ends the wait with EINTR.
+    lk(&fa, F_SETLK, F_WRLCK, 0, 0).unwrap();
+    // SAFETY: a handler that does nothing; installed without SA_RESTART.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_usr1 as *const () as usize;
+        libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut());
+    }
+    let fb2 = fb.try_clone().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        // SAFETY: pthread_self has no preconditions.
+        tx.send(unsafe { libc::pthread_self() }).unwrap();
+        lk(&fb2, F_SETLKW, F_WRLCK, 0, 0)
+    });
+    let thread = rx.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: the thread is alive (it is waiting for the lock).
+    unsafe { libc::pthread_kill(thread, libc::SIGUSR1) };
+    assert_eq!(waiter.join().unwrap().unwrap_err(), Errno::EINTR);
+    // The interrupted wait took nothing: A still holds it, B can have it after.
+    assert_eq!(lk(&fb, F_SETLK, F_WRLCK, 0, 0).unwrap_err(), Errno::EAGAIN);
+    lk(&fa, F_SETLK, F_UNLCK, 0, 0).unwrap();
+
+    // Two owners waiting for each other across the mounts: the second
+    // wait is refused with EDEADLK, as Linux refuses one on one machine.
+    let (ga, gb) = (rw(&t.a.path("g")), rw(&t.b.path("g")));
+    lk(&fa, F_SETLK, F_WRLCK, 0, 0).unwrap();
+    lk(&gb, F_SETLK, F_WRLCK, 0, 0).unwrap();
+    let ga2 = ga.try_clone().unwrap();
+    let first = std::thread::spawn(move || lk(&ga2, F_SETLKW, F_WRLCK, 0, 0));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!first.is_finished());
+    assert_eq!(
+        lk(&fb, F_SETLKW, F_WRLCK, 0, 0).unwrap_err(),
+        Errno::EDEADLK
+    );
+    lk(&gb, F_SETLK, F_UNLCK, 0, 0).unwrap();
+    first.join().unwrap().unwrap();
+    lk(&ga, F_SETLK, F_UNLCK, 0, 0).unwrap();
+    lk(&fa, F_SETLK, F_UNLCK, 0, 0).unwrap();
+    drop((fa, fb, ga, gb));
+    t.unmount_and_fsck();
+}
+
+#[test]
+fn a_killed_lock_holders_locks_are_dropped() {
+    use libc::{F_SETLK, F_SETLKW, F_WRLCK};
+    let t = two_mounts();
+    std::fs::write(t.a.path("f"), b"x").unwrap();
+    assert!(wait_until(VISIBLE, || t.b.path("f").exists()));
+    let fa = rw(&t.a.path("f"));
+    let fb = rw(&t.b.path("f"));
+    lk(&fa, F_SETLK, F_WRLCK, 0, 0).unwrap();
+    flock(&fa, libc::LOCK_EX).unwrap();
+    assert_eq!(lk(&fb, F_SETLK, F_WRLCK, 0, 0).unwrap_err(), Errno::EAGAIN);
+    let fb2 = fb.try_clone().unwrap();
+    let waiter = std::thread::spawn(move || lk(&fb2, F_SETLKW, F_WRLCK, 0, 0));
+    std::thread::sleep(Duration::from_millis(300));
+    nix::sys::signal::kill(t.a.pid(), nix::sys::signal::Signal::SIGKILL).unwrap();
+    // Its session is dead once PostgreSQL drops its connection: the waiter
+    // gets the lock, and flock through B too.
+    waiter.join().unwrap().unwrap();
+    flock(&fb, libc::LOCK_EX | libc::LOCK_NB).unwrap();
+    drop(fa);
+}
+
+/// Samba's CTDB recovery lock helper, which takes an `fcntl` lock on its
+/// file and keeps it while its parent lives (the test script installs
+/// Debian's `ctdb`).
+const CTDB_HELPER: &str = "/usr/libexec/ctdb/ctdb_mutex_fcntl_helper";
+
+/// Starts the helper on `file`; its verdict: '0' taken, '1' contended.
+fn ctdb_helper(file: &Path) -> (std::process::Child, u8) {
+    use std::io::Read;
+    let mut child = Command::new(CTDB_HELPER)
+        .arg(file)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{CTDB_HELPER}: {e} (the test script installs ctdb)"));
+    let mut verdict = [0u8];
+    child
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut verdict)
+        .unwrap();
+    (child, verdict[0])
+}
+
+#[test]
+fn ctdbs_recovery_lock_is_held_through_one_mount_at_a_time() {
+    let t = two_mounts();
+    let (mut first, v) = ctdb_helper(&t.a.path("reclock"));
+    assert_eq!(v, b'0', "the first helper did not take the lock");
+    let (mut second, v) = ctdb_helper(&t.b.path("reclock"));
+    assert_eq!(v, b'1', "the second helper took a lock the first holds");
+    let _ = second.wait();
+    // The holder dies: its descriptor's close drops the lock, and the
+    // other mount's helper takes it.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let got = wait_until(VISIBLE, || {
+        let (mut c, v) = ctdb_helper(&t.b.path("reclock"));
+        if v == b'0' {
+            c.kill().unwrap();
+        }
+        let _ = c.wait();
+        v == b'0'
+    });
+    assert!(got, "the lock was not free after its holder died");
+}

@@ -20,6 +20,7 @@ mod dircache;
 pub mod error;
 mod files;
 pub mod ids;
+mod locks;
 mod namespace;
 pub(crate) mod remote;
 mod shared;

@@ -1503,6 +1503,28 @@ mod tests {
         fn alone(&self) -> std::result::Result<bool, MetaError> {
             Ok(true)
         }
+        // Locks are not what this engine is here to test.
+        fn lock_set(
+            &self,
+            _: &crate::meta::LockReq,
+            _: bool,
+        ) -> std::result::Result<Option<crate::meta::LockHolder>, crate::meta::LockError> {
+            Err(MetaError::Engine("no locks here".into()).into())
+        }
+        fn lock_test(
+            &self,
+            _: &crate::meta::LockReq,
+        ) -> std::result::Result<Option<crate::meta::LockHolder>, MetaError> {
+            Err(MetaError::Engine("no locks here".into()))
+        }
+        fn lock_drop(
+            &self,
+            _: u64,
+            _: crate::meta::LockDrop,
+        ) -> std::result::Result<(), MetaError> {
+            Ok(())
+        }
+        fn on_locks_changed(&self, _: Box<dyn Fn() + Send + Sync>) {}
     }
 
     #[test]

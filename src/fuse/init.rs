@@ -88,6 +88,15 @@ impl SafsFuse {
                 tracing::info!(capability = name, "kernel does not offer capability");
             }
         }
+        // Locks that hold across mounts: kept by the shared engine. (On a
+        // volume one daemon serves the kernel keeps them, as it would.)
+        if self.fs.keeps_locks() {
+            for flag in [abi::FUSE_POSIX_LOCKS, abi::FUSE_FLOCK_LOCKS] {
+                if offered & flag != 0 {
+                    flags |= flag;
+                }
+            }
+        }
         let mut max_stack_depth = 0;
         let mut data_path = self.data_path;
         if self.fs.contents_sealed() {

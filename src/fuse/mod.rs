@@ -10,6 +10,7 @@
 mod answer;
 mod attr;
 mod init;
+mod locks;
 pub mod proto;
 mod readers;
 pub mod session;
@@ -44,7 +45,8 @@ pub const SHARED_TTL: Duration = Duration::from_secs(10);
 
 /// Flags for every opened regular file. `FOPEN_NOFLUSH`: no FLUSH request
 /// on close — safs has nothing to do then (no write-back cache; POSIX locks
-/// are kept by the kernel), so the round trip would be pure cost.
+/// are kept by the kernel), so the round trip would be pure cost. Not on
+/// volumes whose locks safs keeps: a close drops its process's locks.
 const FILE_OPEN_FLAGS: u32 = abi::FOPEN_NOFLUSH;
 
 /// How file data moves.
@@ -106,6 +108,8 @@ pub struct SafsFuse {
     /// Over io_uring: the pool READs of contents through the daemon go to
     /// (see `readers`); set at INIT.
     readers: OnceLock<readers::Pool>,
+    /// File locks, on volumes whose engine keeps them (see `locks`).
+    locks: OnceLock<Arc<locks::Locks>>,
 }
 
 #[derive(Default)]
@@ -128,6 +132,7 @@ impl SafsFuse {
             conn: OnceLock::new(),
             syncs: syncer::start(Arc::clone(&fs)),
             readers: OnceLock::new(),
+            locks: OnceLock::new(),
             fs,
         }
     }
@@ -159,6 +164,9 @@ impl SafsFuse {
                     let _ = tx.lock().map(|t| t.send(batch));
                 }))
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
+        }
+        if self.fs.keeps_locks() {
+            let _ = self.locks.set(locks::Locks::start(Arc::clone(&self.fs))?);
         }
         let _ = self.conn.set((conn, notifier));
         Ok(())
@@ -243,9 +251,14 @@ impl SafsFuse {
 
     /// The open reply of handle `h`: passthrough when it has a backing id.
     fn open_out(&self, h: &core::Handle) -> abi::OpenOut {
+        let flags = if self.locks.get().is_some() {
+            0
+        } else {
+            FILE_OPEN_FLAGS
+        };
         match self.backing_for(h) {
-            Some(id) => enc::open_out(h.fh.0, FILE_OPEN_FLAGS | abi::FOPEN_PASSTHROUGH, id.id()),
-            None => enc::open_out(h.fh.0, FILE_OPEN_FLAGS, 0),
+            Some(id) => enc::open_out(h.fh.0, flags | abi::FOPEN_PASSTHROUGH, id.id()),
+            None => enc::open_out(h.fh.0, flags, 0),
         }
     }
 
@@ -368,6 +381,9 @@ impl SafsFuse {
 
     /// Final commit when the kernel ends the session.
     pub(crate) fn destroy(&self) {
+        if let Some(l) = self.locks.get() {
+            l.stop();
+        }
         if let Err(e) = self.fs.close() {
             tracing::error!(error = %e, "final commit failed");
         }
@@ -409,7 +425,23 @@ impl SafsFuse {
                 reply.send(&[]);
             }
             // The kernel expects no answer.
-            Req::Interrupt { .. } => reply.none(),
+            Req::Interrupt { unique } => {
+                if let Some(l) = self.locks.get() {
+                    l.interrupt(unique);
+                }
+                reply.none();
+            }
+            Req::Lock {
+                fh,
+                owner,
+                lk,
+                flock,
+                test,
+                wait,
+            } => match self.locks.get() {
+                Some(l) => l.request(h.unique, ino.0, fh, owner, lk, flock, (test, wait), reply),
+                None => reply.error(libc::ENOSYS),
+            },
             Req::Forget { nlookup } => {
                 let _t = self.stats.start(Op::Forget);
                 self.fs.forget(ino, nlookup);
@@ -579,12 +611,18 @@ impl SafsFuse {
                 }
                 Written(reply).answer(self.fs.write(Fh(fh), offset, data));
             }
-            Req::Flush { .. } => {
+            Req::Flush { lock_owner, .. } => {
                 let _t = self.stats.start(Op::Flush);
-                reply.send(&[]);
+                match self.locks.get().map(|l| l.flush(ino.0, lock_owner)) {
+                    Some(Err(e)) => reply.error(e.errno()),
+                    _ => reply.send(&[]),
+                }
             }
             Req::Release { fh, .. } => {
                 let _t = self.stats.start(Op::Release);
+                if let Some(l) = self.locks.get() {
+                    l.release(ino.0, fh);
+                }
                 {
                     let mut b = self.backing.lock();
                     if let Some(id) = b.by_fh.remove(&Fh(fh)) {

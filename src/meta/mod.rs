@@ -413,6 +413,81 @@ pub trait Shared: Send + Sync {
     fn bury(&self, id: u64) -> Result<bool, MetaError>;
     /// Whether this daemon is the only one serving the volume now.
     fn alone(&self) -> Result<bool, MetaError>;
+
+    /// Takes, changes or drops (`Unlock`) `req`'s lock, as one atomic step
+    /// against every daemon's locks; `Ok(Some(holder))`: a conflicting lock
+    /// of a live session stands (nothing changed). With `waiting`, a
+    /// conflict also records that `req`'s owner waits, and a wait that
+    /// would close a cycle of waiting owners is refused as
+    /// [`LockError::Deadlock`].
+    fn lock_set(&self, req: &LockReq, waiting: bool) -> Result<Option<LockHolder>, LockError>;
+    /// The first lock of a live session that conflicts with `req`.
+    fn lock_test(&self, req: &LockReq) -> Result<Option<LockHolder>, MetaError>;
+    /// Drops this session's locks on `ino` that `which` selects, and any
+    /// wait of `owner`.
+    fn lock_drop(&self, ino: u64, which: LockDrop) -> Result<(), MetaError>;
+    /// Calls `ring` each time some daemon drops or narrows a lock (or one
+    /// dies), from the doorbell's thread: waiters try again.
+    fn on_locks_changed(&self, ring: Box<dyn Fn() + Send + Sync>);
+}
+
+/// A lock's kind, as `fcntl` names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockKind {
+    Read,
+    Write,
+    Unlock,
+}
+
+/// A lock request of one owner of this daemon: a byte range
+/// `start..=end` (POSIX record and OFD locks) or the whole file (`flock`).
+/// Owners are the kernel's (a process's file table, an open file), unique
+/// on one machine: a session's id makes them unique across daemons.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockReq {
+    pub ino: u64,
+    pub owner: u64,
+    pub flock: bool,
+    pub kind: LockKind,
+    pub start: u64,
+    pub end: u64,
+    /// The requesting process (reported to `F_GETLK`).
+    pub pid: u32,
+    /// The open file the lock is taken through (dropped with it).
+    pub fh: u64,
+}
+
+/// A lock that stands in a request's way.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockHolder {
+    pub kind: LockKind,
+    pub start: u64,
+    pub end: u64,
+    pub pid: u32,
+}
+
+/// Which of a session's locks on an inode to drop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockDrop {
+    /// An owner's record locks (a process closed a descriptor of the file:
+    /// POSIX drops them all).
+    Posix(u64),
+    /// An owner's `flock`.
+    Flock(u64),
+    /// Every lock taken through an open file (its last close: OFD locks
+    /// and `flock`s go with it).
+    File(u64),
+    /// An owner's wait (given up: interrupted).
+    Wait(u64),
+}
+
+#[derive(Debug, Error)]
+pub enum LockError {
+    /// Waiting would close a cycle of owners waiting for each other.
+    #[error("waiting for the lock would deadlock")]
+    Deadlock,
+    #[error(transparent)]
+    Meta(#[from] MetaError),
 }
 
 /// A daemon serving a volume, as a shared engine records it.

@@ -285,7 +285,17 @@ pub enum Op<'a> {
         in_size: u32,
         out_size: u32,
     },
-    /// Any other opcode (GETLK, POLL, STATX, COPY_FILE_RANGE...).
+    /// GETLK (`test`), SETLK, SETLKW (`wait`): a record lock (`fcntl`,
+    /// OFD) or, with `flock`, a whole-file `flock`.
+    Lock {
+        fh: u64,
+        owner: u64,
+        lk: abi::FileLock,
+        flock: bool,
+        test: bool,
+        wait: bool,
+    },
+    /// Any other opcode (POLL, STATX, COPY_FILE_RANGE...).
     Other {
         opcode: u32,
     },
@@ -511,6 +521,17 @@ fn decode_op<'a>(a: &mut Args<'a>, neg: Negotiated) -> Result<Op<'a>, DecodeErro
                 mode: i.mode,
                 umask: i.umask,
                 open_flags: i.open_flags,
+            }
+        }
+        FUSE_GETLK | FUSE_SETLK | FUSE_SETLKW => {
+            let i: LkIn = a.op()?;
+            Op::Lock {
+                fh: i.fh,
+                owner: i.owner,
+                lk: i.lk,
+                flock: i.lk_flags & FUSE_LK_FLOCK != 0,
+                test: a.opcode == FUSE_GETLK,
+                wait: a.opcode == FUSE_SETLKW,
             }
         }
         FUSE_INTERRUPT => Op::Interrupt {

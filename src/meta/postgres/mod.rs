@@ -44,6 +44,7 @@
 //! never stored in the volume.
 
 pub mod conninfo;
+mod locks;
 /// Private clusters for tests and the bench (`crates/safs-pgcluster`).
 pub use safs_pgcluster as cluster;
 
@@ -57,8 +58,8 @@ use postgres::error::SqlState;
 use postgres::{Client, NoTls, Statement};
 
 use super::{
-    Changes, EngineCounters, EngineTally, MetaError, MetaRead, MetaStore, Session, SessionRow,
-    Shared, WriteRef,
+    Changes, EngineCounters, EngineTally, LockDrop, LockError, LockHolder, LockReq, MetaError,
+    MetaRead, MetaStore, Session, SessionRow, Shared, WriteRef,
 };
 
 /// The schema this build writes and reads.
@@ -76,6 +77,25 @@ const CLAIM_LOCK: i64 = 0x5AF5_0001;
 const WRITE_LOCK: i64 = 0x5AF5_0002;
 /// Session `id` is alive while advisory lock `SESSION_LOCKS + id` is held.
 const SESSION_LOCKS: i64 = 0x5AF5_1000_0000_0000;
+/// Held (for a transaction) by every change to the lock tables: a lock
+/// and the deadlock search see one state of every daemon's locks.
+const LOCKS_LOCK: i64 = 0x5AF5_0003;
+/// The doorbell of lock changes (the metadata's is `safs`).
+const LOCKS_CHANNEL: &str = "safs_locks";
+/// Owners a deadlock search follows at most.
+const DEADLOCK_SEARCH: usize = 64;
+/// The lock tables (created by the first daemon of this build to join a
+/// volume: no schema change, older daemons simply do not use them).
+/// `typ`: 1 read, 2 write; ranges inclusive, within `0..=i64::MAX`.
+const LOCK_TABLES: &str = "
+CREATE TABLE IF NOT EXISTS safs_locks (ino bigint NOT NULL, session bigint NOT NULL,
+    owner bigint NOT NULL, flock boolean NOT NULL, fh bigint NOT NULL, typ smallint NOT NULL,
+    lstart bigint NOT NULL, lend bigint NOT NULL, pid integer NOT NULL);
+CREATE INDEX IF NOT EXISTS safs_locks_ino ON safs_locks (ino);
+CREATE TABLE IF NOT EXISTS safs_lock_waits (session bigint NOT NULL, owner bigint NOT NULL,
+    ino bigint NOT NULL, flock boolean NOT NULL, typ smallint NOT NULL, lstart bigint NOT NULL,
+    lend bigint NOT NULL, PRIMARY KEY (session, owner));
+";
 /// Commits whose keys `safs_changes` keeps; a daemon further behind drops
 /// all it caches instead.
 const CHANGES_KEPT: i64 = 100_000;
@@ -138,8 +158,12 @@ struct Joined {
     epoch: AtomicI64,
     /// Set when the store drops: the watcher stops.
     stop: Arc<std::sync::atomic::AtomicBool>,
+    /// Rung when some daemon's locks change (see [`Shared::on_locks_changed`]).
+    locks_rang: LocksRing,
     watcher: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
+
+type LocksRing = Arc<Mutex<Option<Box<dyn Fn() + Send + Sync>>>>;
 
 /// A claim on the volume: the connection holding its advisory lock, kept
 /// alive (and re-taken after an outage) by a thread until the store drops.
@@ -816,12 +840,24 @@ impl PgStore {
             .map_err(engine_err)?
             .get(0);
         let id = register(&mut client, who)?;
+        let mut t = client.transaction().map_err(engine_err)?;
+        t.execute("SELECT pg_advisory_xact_lock($1)::text", &[&LOCKS_LOCK])
+            .map_err(engine_err)?;
+        let missing: bool = t
+            .query_one("SELECT to_regclass('safs_lock_waits') IS NULL", &[])
+            .map_err(engine_err)?
+            .get(0);
+        if missing {
+            t.batch_execute(LOCK_TABLES).map_err(engine_err)?;
+        }
+        t.commit().map_err(engine_err)?;
         self.token.store(token, Relaxed);
         let _ = self.joined.set(Joined {
             id,
             writer: Mutex::new(None),
             epoch: AtomicI64::new(-1),
             stop: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            locks_rang: Arc::default(),
             watcher: Mutex::new(None),
         });
         self.start_keeper(client, Mode::Shared, id)
@@ -908,11 +944,12 @@ impl Shared for PgStore {
     fn watch(&self, ring: Box<dyn Fn(u64) + Send + Sync>) -> Result<(), MetaError> {
         let j = self.joined.get().expect("joined");
         let mut client = self.raw_client()?;
-        client.batch_execute("LISTEN safs").map_err(engine_err)?;
+        client.batch_execute(LISTEN).map_err(engine_err)?;
         let (config, stop) = (self.config.clone(), Arc::clone(&j.stop));
+        let locks = Arc::clone(&j.locks_rang);
         let t = std::thread::Builder::new()
             .name("safs-pg-watch".into())
-            .spawn(move || watch(client, &config, &stop, &*ring))
+            .spawn(move || watch(client, &config, &stop, &*ring, &locks))
             .map_err(MetaError::Io)?;
         *j.watcher.lock() = Some(t);
         Ok(())
@@ -953,10 +990,24 @@ impl Shared for PgStore {
 
     fn bury(&self, id: u64) -> Result<bool, MetaError> {
         let n = self.with_conn(|c| {
-            c.client.execute(
+            let mut t = c.client.transaction()?;
+            let n = t.execute(
                 &format!("DELETE FROM safs_sessions s WHERE id = $1 AND NOT {SESSION_LIVE}"),
                 &[&(id as i64)],
-            )
+            )?;
+            if n == 1 {
+                // Its locks stopped counting when it died; now they go,
+                // and waiters look again.
+                t.execute("SELECT pg_advisory_xact_lock($1)::text", &[&LOCKS_LOCK])?;
+                t.execute("DELETE FROM safs_locks WHERE session = $1", &[&(id as i64)])?;
+                t.execute(
+                    "DELETE FROM safs_lock_waits WHERE session = $1",
+                    &[&(id as i64)],
+                )?;
+                t.execute("SELECT pg_notify($1, '')::text", &[&LOCKS_CHANNEL])?;
+            }
+            t.commit()?;
+            Ok(n)
         })?;
         Ok(n == 1)
     }
@@ -971,7 +1022,52 @@ impl Shared for PgStore {
         })?;
         Ok(live <= 1)
     }
+
+    fn lock_set(&self, req: &LockReq, waiting: bool) -> Result<Option<LockHolder>, LockError> {
+        let me = self.joined.get().expect("joined").id;
+        let out = self.with_conn(|c| {
+            let mut t = c.client.transaction()?;
+            t.execute("SELECT pg_advisory_xact_lock($1)::text", &[&LOCKS_LOCK])?;
+            let out = locks::set(&mut t, me, req, waiting)?;
+            t.commit()?;
+            Ok(out)
+        })?;
+        match out {
+            locks::Outcome::Granted => Ok(None),
+            locks::Outcome::Held(h) => Ok(Some(h)),
+            locks::Outcome::Deadlock => Err(LockError::Deadlock),
+        }
+    }
+
+    fn lock_test(&self, req: &LockReq) -> Result<Option<LockHolder>, MetaError> {
+        let me = self.joined.get().expect("joined").id;
+        self.with_conn(|c| {
+            let mut t = c.client.transaction()?;
+            let held = locks::conflict(&mut t, me, req)?.map(|(h, _)| h);
+            t.commit()?;
+            Ok(held)
+        })
+    }
+
+    fn lock_drop(&self, ino: u64, which: LockDrop) -> Result<(), MetaError> {
+        let me = self.joined.get().expect("joined").id;
+        self.with_conn(|c| {
+            let mut t = c.client.transaction()?;
+            t.execute("SELECT pg_advisory_xact_lock($1)::text", &[&LOCKS_LOCK])?;
+            locks::drop(&mut t, me, ino, which)?;
+            t.commit()
+        })
+    }
+
+    fn on_locks_changed(&self, ring: Box<dyn Fn() + Send + Sync>) {
+        if let Some(j) = self.joined.get() {
+            *j.locks_rang.lock() = Some(ring);
+        }
+    }
 }
+
+/// The channels the doorbell's connection listens on.
+const LISTEN: &str = "LISTEN safs; LISTEN safs_locks";
 
 /// The watcher's loop: waits for doorbells, and rings `ring` with the
 /// newest epoch they carry, or with the epoch it reads every
@@ -981,7 +1077,13 @@ fn watch(
     config: &postgres::Config,
     stop: &std::sync::atomic::AtomicBool,
     ring: &(dyn Fn(u64) + Send + Sync),
+    locks: &LocksRing,
 ) {
+    let ring_locks = || {
+        if let Some(r) = &*locks.lock() {
+            r();
+        }
+    };
     use postgres::fallible_iterator::FallibleIterator;
     // Short waits, so that a dropping store is not kept waiting.
     const WAIT: Duration = Duration::from_millis(250);
@@ -996,21 +1098,36 @@ fn watch(
                     return Ok(None);
                 }
                 quiet = Duration::ZERO;
+                // Waiters look again too: a holder that died is seen dead
+                // before the survivors bury it (and ring).
+                ring_locks();
                 let now: i64 = client
                     .query_one("SELECT epoch FROM safs_volume", &[])?
                     .get(0);
                 return Ok(Some(now.max(0) as u64));
             };
             quiet = Duration::ZERO;
-            let epoch = |m: &postgres::Notification| m.payload().parse::<u64>().unwrap_or(0);
-            let mut newest = epoch(&first);
+            let mut newest = None;
+            let mut locks_changed = false;
+            let mut seen = |m: &postgres::Notification| {
+                if m.channel() == LOCKS_CHANNEL {
+                    locks_changed = true;
+                } else {
+                    let e = m.payload().parse::<u64>().unwrap_or(0);
+                    newest = Some(newest.unwrap_or(0).max(e));
+                }
+            };
+            seen(&first);
             // Those that arrived with it: one ring for all.
             let mut n = client.notifications();
             let mut rest = n.iter();
             while let Some(m) = rest.next()? {
-                newest = newest.max(epoch(&m));
+                seen(&m);
             }
-            Ok(Some(newest))
+            if locks_changed {
+                ring_locks();
+            }
+            Ok(newest)
         })();
         match res {
             Ok(newest) => {
@@ -1031,7 +1148,7 @@ fn watch(
                 }
                 std::thread::sleep(WAIT);
                 if let Ok(mut c) = config.connect(NoTls) {
-                    if c.batch_execute("LISTEN safs").is_ok() {
+                    if c.batch_execute(LISTEN).is_ok() {
                         client = c;
                         // What rang while it was down: look now.
                         quiet = WATCH_POLL;
@@ -1091,6 +1208,15 @@ fn keep_claim(
                 // A clean end: the session leaves no row behind (a row
                 // whose lock nobody holds is a daemon that died).
                 let _ = client.execute("DELETE FROM safs_sessions WHERE id = $1", &[&id]);
+                // Locks are dropped with the files they were taken through;
+                // any left (a lazy unmount) go with the session.
+                if mode == Mode::Shared {
+                    let _ = client.batch_execute(&format!(
+                        "DELETE FROM safs_locks WHERE session = {id}; \
+                         DELETE FROM safs_lock_waits WHERE session = {id}; \
+                         NOTIFY {LOCKS_CHANNEL}"
+                    ));
+                }
                 return;
             }
         }
@@ -1158,6 +1284,7 @@ fn keep_claim(
 mod tests {
     use super::cluster::TempCluster;
     use super::*;
+    use crate::meta::LockKind;
 
     #[test]
     fn conformance_on_a_real_cluster() {
@@ -1287,6 +1414,62 @@ mod tests {
         let live: Vec<_> = rows.iter().filter(|r| r.live).collect();
         assert_eq!(live.len(), 1, "{rows:?}");
         assert_eq!(live[0].session, who(3));
+    }
+
+    #[test]
+    fn record_locks_merge_split_and_conflict_across_sessions() {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = TempCluster::start(dir.path()).unwrap();
+        let info = cluster.conninfo("postgres");
+        drop(PgStore::create(&info, false).unwrap());
+        let a = PgStore::open(&info).unwrap();
+        let b = PgStore::open(&info).unwrap();
+        assert!(a.join(&who(1)).unwrap());
+        assert!(b.join(&who(2)).unwrap());
+        let req = |kind, start, end| LockReq {
+            ino: 7,
+            owner: 42,
+            flock: false,
+            kind,
+            start,
+            end,
+            pid: 100,
+            fh: 1,
+        };
+        let (r, w, u) = (LockKind::Read, LockKind::Write, LockKind::Unlock);
+        let max = i64::MAX as u64;
+        // A: write 0..=9 and 10..=19 merge into one; B (the same kernel
+        // owner number, another daemon) conflicts with them.
+        assert_eq!(a.lock_set(&req(w, 0, 9), false).unwrap(), None);
+        assert_eq!(a.lock_set(&req(w, 10, 19), false).unwrap(), None);
+        let held = b.lock_test(&req(r, 15, 15)).unwrap().unwrap();
+        assert_eq!((held.kind, held.start, held.end, held.pid), (w, 0, 19, 100));
+        // A read lock in the middle splits A's write lock in three.
+        assert_eq!(a.lock_set(&req(r, 5, 14), false).unwrap(), None);
+        assert_eq!(b.lock_test(&req(r, 5, 14)).unwrap(), None);
+        let held = b.lock_test(&req(w, 0, max)).unwrap().unwrap();
+        assert_eq!((held.kind, held.start, held.end), (w, 0, 4));
+        let held = b.lock_test(&req(r, 15, max)).unwrap().unwrap();
+        assert_eq!((held.kind, held.start, held.end), (w, 15, 19));
+        // B shares the read part; unlocking A's whole range frees all.
+        assert_eq!(b.lock_set(&req(r, 8, 8), false).unwrap(), None);
+        assert!(a.lock_set(&req(w, 8, 8), false).unwrap().is_some());
+        assert_eq!(a.lock_set(&req(u, 0, max), false).unwrap(), None);
+        assert_eq!(b.lock_test(&req(w, 0, 7)).unwrap(), None);
+        assert!(a.lock_test(&req(w, 0, max)).unwrap().is_some());
+        // flock is its own space: B's record lock does not stand in its way.
+        let fl = |kind| LockReq {
+            flock: true,
+            ..req(kind, 0, max)
+        };
+        assert_eq!(a.lock_set(&fl(w), false).unwrap(), None);
+        assert!(b.lock_set(&fl(r), false).unwrap().is_some());
+        // A's last close of file 1 drops what was taken through it; a
+        // session that ends drops the rest.
+        a.lock_drop(7, LockDrop::File(1)).unwrap();
+        assert_eq!(b.lock_set(&fl(r), false).unwrap(), None);
+        drop(b);
+        assert_eq!(a.lock_set(&req(w, 0, max), false).unwrap(), None);
     }
 
     #[test]
