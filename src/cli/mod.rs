@@ -7,6 +7,7 @@ mod fsck;
 mod info;
 mod logfile;
 mod man;
+mod migrate;
 mod mount;
 mod passphrase;
 mod passwd;
@@ -58,6 +59,9 @@ pub enum Command {
     /// Convert an unmounted volume's metadata to the schema this safs
     /// writes (PostgreSQL volumes made by an earlier safs).
     Upgrade(UpgradeArgs),
+    /// Move an unmounted volume's metadata to another engine in place
+    /// (LMDB to PostgreSQL and back), contents untouched; resumable.
+    Migrate(migrate::MigrateArgs),
     /// Write the manual pages into a directory (scripts/run.sh installs them).
     #[command(hide = true)]
     Man(man::ManArgs),
@@ -87,6 +91,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             | Command::Sync(_)
             | Command::Passwd(_)
             | Command::Upgrade(_)
+            | Command::Migrate(_)
             | Command::Stats(_)
     ) {
         safs::process::default_sigpipe();
@@ -118,6 +123,7 @@ fn run_plain(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Upgrade(a) => upgrade(&a.volume),
+        Command::Migrate(a) => migrate::run(a),
     }
 }
 

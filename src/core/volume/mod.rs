@@ -24,6 +24,7 @@ use crate::format::{FORMAT_VERSION, FormatError};
 use crate::meta::{self, EngineKind, MetaError, MetaRead, MetaStore};
 
 mod lock;
+pub mod migrate;
 mod unlock;
 pub use lock::{STOPPING_DAEMON_WAIT, VolumeLock, is_mounted, mountpoint_of, volume_of_mount};
 pub use unlock::{
@@ -98,6 +99,9 @@ pub enum VolumeError {
          volumes for many nodes with --data s3://...)"
     )]
     NotAttachable,
+    /// A migration that cannot go on (see `migrate`).
+    #[error("{0}")]
+    Migrate(String),
 }
 
 impl From<MetaError> for VolumeError {

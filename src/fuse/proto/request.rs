@@ -1319,9 +1319,54 @@ mod tests {
             (Wire::new(FUSE_READLINK, &[], &[]), NO_EXT, Op::Readlink),
             (Wire::new(FUSE_DESTROY, &[], &[]), NO_EXT, Op::Destroy),
             (
+                Wire::new(
+                    FUSE_SETLKW,
+                    LkIn {
+                        fh: 0x4444,
+                        owner: 0x5555,
+                        lk: FileLock {
+                            start: 10,
+                            end: 19,
+                            typ: 1,
+                            pid: 77,
+                        },
+                        lk_flags: FUSE_LK_FLOCK,
+                        padding: 0,
+                    }
+                    .as_bytes(),
+                    &[],
+                ),
+                NO_EXT,
+                Op::Lock {
+                    fh: 0x4444,
+                    owner: 0x5555,
+                    lk: FileLock {
+                        start: 10,
+                        end: 19,
+                        typ: 1,
+                        pid: 77,
+                    },
+                    flock: true,
+                    test: false,
+                    wait: true,
+                },
+            ),
+            (
                 Wire::new(FUSE_GETLK, LkIn::default().as_bytes(), &[]),
                 NO_EXT,
-                Op::Other { opcode: FUSE_GETLK },
+                Op::Lock {
+                    fh: 0,
+                    owner: 0,
+                    lk: FileLock::default(),
+                    flock: false,
+                    test: true,
+                    wait: false,
+                },
+            ),
+            (
+                Wire::new(FUSE_STATX, &[], &[]),
+                NO_EXT,
+                Op::Other { opcode: FUSE_STATX },
             ),
             (
                 Wire::new(0xdead, &[], &[1, 2, 3]),
@@ -1334,7 +1379,7 @@ mod tests {
     #[test]
     fn every_opcode_decodes_in_both_layouts() {
         let cases = cases();
-        assert_eq!(cases.len(), 40);
+        assert_eq!(cases.len(), 42);
         for (w, neg, want) in &cases {
             for (layout, got) in [("/dev/fuse", w.dev(*neg)), ("io_uring", w.uring(*neg))] {
                 let (h, op) = got.unwrap_or_else(|e| panic!("{layout}: {e}"));
