@@ -2,6 +2,7 @@
 
 mod attach;
 mod bench;
+mod dump;
 mod format;
 mod fsck;
 mod info;
@@ -62,6 +63,12 @@ pub enum Command {
     /// Move an unmounted volume's metadata to another engine in place
     /// (LMDB to PostgreSQL and back), contents untouched; resumable.
     Migrate(migrate::MigrateArgs),
+    /// Write a volume's whole metadata (one snapshot, also of a mounted
+    /// one) as JSON lines: a backup with the contents, or something to read.
+    Dump(dump::DumpArgs),
+    /// Restore metadata `safs dump` wrote into a new volume directory, or
+    /// (--replace) over a volume's damaged metadata.
+    Load(dump::LoadArgs),
     /// Write the manual pages into a directory (scripts/run.sh installs them).
     #[command(hide = true)]
     Man(man::ManArgs),
@@ -92,6 +99,8 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             | Command::Passwd(_)
             | Command::Upgrade(_)
             | Command::Migrate(_)
+            | Command::Dump(_)
+            | Command::Load(_)
             | Command::Stats(_)
     ) {
         safs::process::default_sigpipe();
@@ -124,6 +133,8 @@ fn run_plain(command: Command) -> anyhow::Result<()> {
         }
         Command::Upgrade(a) => upgrade(&a.volume),
         Command::Migrate(a) => migrate::run(a),
+        Command::Dump(a) => dump::run_dump(a),
+        Command::Load(a) => dump::run_load(a),
     }
 }
 

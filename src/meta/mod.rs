@@ -108,6 +108,22 @@ pub fn open_read_only(dir: &Path) -> Result<Box<dyn MetaRead>, MetaError> {
     }
 }
 
+/// What takes each pair of a snapshot (see [`snapshot_each`]).
+pub type EachPair<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), MetaError> + 'a;
+
+/// Hands every pair of the engine in `dir` to `f` in key order, as one
+/// consistent snapshot that does not stop a daemon serving the volume.
+pub fn snapshot_each(
+    dir: &Path,
+    f: &mut EachPair,
+) -> Result<(), MetaError> {
+    match EngineKind::detect(dir) {
+        Some(EngineKind::Lmdb) => lmdb::snapshot_each(dir, f),
+        Some(EngineKind::Postgres) => PgStore::snapshot_each(&postgres_conninfo(dir)?, f),
+        None => Err(MetaError::Missing(dir.to_path_buf())),
+    }
+}
+
 /// Converts the metadata in `dir` to the schema this build writes:
 /// `Some((from, to))` for engines with a schema (PostgreSQL), `None` for
 /// those whose format the volume's own version covers (LMDB).

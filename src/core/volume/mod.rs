@@ -23,6 +23,7 @@ use crate::format::xattrs::XattrSet;
 use crate::format::{FORMAT_VERSION, FormatError};
 use crate::meta::{self, EngineKind, MetaError, MetaRead, MetaStore};
 
+pub mod dump;
 mod lock;
 pub mod migrate;
 mod unlock;

@@ -152,6 +152,52 @@ impl LmdbSnapshot {
     }
 }
 
+/// Hands every pair of the store in `dir` to `f` in key order, from one
+/// read transaction: a consistent snapshot even while a daemon writes the
+/// store (opened read-only but with LMDB's reader table in `lock.mdb`,
+/// which keeps the snapshot's pages from reuse until it ends). The page
+/// check of [`LmdbStore::open`] is not made: a writer's pages change
+/// under it.
+pub fn snapshot_each(
+    dir: &Path,
+    f: &mut super::EachPair,
+) -> Result<(), MetaError> {
+    if !dir.join("data.mdb").exists() {
+        return Err(MetaError::Missing(dir.to_path_buf()));
+    }
+    let mut opts = EnvOpenOptions::new();
+    opts.map_size(MAP_SIZE).max_dbs(1).max_readers(1024);
+    // SAFETY: as in `LmdbStore::open`; this process opens the environment
+    // once, read-only (the daemon writing it is another process, which
+    // LMDB's lock file coordinates with).
+    #[allow(unsafe_code)]
+    let env = unsafe {
+        opts.flags(heed::EnvFlags::READ_ONLY);
+        opts.open(dir)
+    }
+    .map_err(engine_err)?;
+    let rtxn = env.read_txn().map_err(engine_err)?;
+    let db: Database<'static, Bytes, Bytes> = env
+        .open_databases_and_commit(rtxn, |opener, rtxn| {
+            opener
+                .open_database::<Bytes, Bytes>(rtxn, None)
+                .map(CommitOrAbort::<_, ()>::Commit)
+        })
+        .map_err(engine_err)?
+        .unwrap_commit()
+        .ok_or_else(|| MetaError::Engine("the metadata file has no main database".into()))?;
+    // One transaction for the whole walk: the snapshot.
+    let rtxn = env.read_txn().map_err(engine_err)?;
+    for item in db.iter(&rtxn).map_err(engine_err)? {
+        let (k, v) = item.map_err(engine_err)?;
+        if v.len() > MAX_VALUE {
+            return Err(corrupt_value(v.len()));
+        }
+        f(k, v)?;
+    }
+    Ok(())
+}
+
 impl MetaRead for LmdbSnapshot {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, MetaError> {
         read_get(&self.env, self.db, key)

@@ -113,6 +113,10 @@ CREATE TABLE safs_sessions (id bigserial PRIMARY KEY, host text NOT NULL, pid in
 CREATE TABLE safs_changes (epoch bigint PRIMARY KEY, keys bytea[] NOT NULL);
 ";
 
+/// Every table a volume has (the lock tables too).
+const DROP_ALL: &str = "DROP TABLE IF EXISTS safs_kv, safs_volume, safs_sessions, safs_changes, \
+                        safs_locks, safs_lock_waits";
+
 /// From schema 1 (one daemon at a time) to 2 (sessions with ids, epochs,
 /// the change log).
 const UPGRADE_1_TO_2: &str = "
@@ -239,6 +243,49 @@ impl PgStore {
         Ok(store)
     }
 
+    /// Drops every table of the volume in the database `conninfo` names
+    /// (a load that failed removes what it made).
+    pub fn remove(conninfo: &str) -> Result<(), MetaError> {
+        let store = Self::connect(conninfo, false)?;
+        store
+            .raw_client()?
+            .batch_execute(DROP_ALL)
+            .map_err(engine_err)
+    }
+
+    /// Hands every pair to `f` in key order, from one read-only
+    /// `REPEATABLE READ` transaction: a consistent snapshot while daemons
+    /// go on writing.
+    pub fn snapshot_each(
+        conninfo: &str,
+        f: &mut super::EachPair,
+    ) -> Result<(), MetaError> {
+        let store = Self::connect(conninfo, true)?;
+        store.check_schema()?;
+        let mut c = store.raw_client()?;
+        let mut t = c
+            .build_transaction()
+            .isolation_level(postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .map_err(engine_err)?;
+        let page = t
+            .prepare("SELECT k, v FROM safs_kv WHERE k > $1 ORDER BY k LIMIT 4096")
+            .map_err(engine_err)?;
+        let mut after: Vec<u8> = Vec::new();
+        loop {
+            let rows = t.query(&page, &[&after]).map_err(engine_err)?;
+            for r in &rows {
+                f(r.get::<_, &[u8]>(0), r.get::<_, &[u8]>(1))?;
+            }
+            match rows.last() {
+                Some(r) if rows.len() == 4096 => after = r.get::<_, Vec<u8>>(0),
+                _ => break,
+            }
+        }
+        t.commit().map_err(engine_err)
+    }
+
     /// Creates the tables of a new volume in the database `conninfo`
     /// names. A database that already holds one is refused unless `force`,
     /// which drops it first.
@@ -258,10 +305,7 @@ impl PgStore {
             }
             let mut t = c.transaction().map_err(engine_err)?;
             if exists {
-                t.batch_execute(
-                    "DROP TABLE IF EXISTS safs_kv, safs_volume, safs_sessions, safs_changes",
-                )
-                .map_err(engine_err)?;
+                t.batch_execute(DROP_ALL).map_err(engine_err)?;
             }
             t.batch_execute(SCHEMA).map_err(engine_err)?;
             t.execute(
