@@ -7,6 +7,7 @@ set -euo pipefail
 SAFS=${SAFS:-$(pwd)/target/release/safs}
 FILES=${FILES:-100000}
 W=$(mktemp -d /tmp/safs-migrate-bench.XXXXXX)
+chmod 755 "$W"
 trap 'umount -l "$W/mnt" 2>/dev/null || true; [ -n "${PG:-}" ] && su postgres -s /bin/sh -c "$PG/pg_ctl -D $W/pg -m immediate stop" >/dev/null 2>&1 || true; rm -rf "$W"' EXIT
 PG=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
 mkdir -p "$W/pg" "$W/mnt" && chown postgres "$W/pg"
@@ -37,3 +38,19 @@ move() {
 }
 move postgresql "$CONN"
 move lmdb lmdb
+
+# dump while mounted, then load into a new directory and over the volume.
+"$SAFS" mount "$W/vol" "$W/mnt"
+echo "== safs dump (mounted)"
+/usr/bin/time -f "wall %e s, peak RSS %M KiB" "$SAFS" dump "$W/mnt" "$W/vol.dump" 2>&1
+ls -l "$W/vol.dump" | awk '{printf "dump file: %.1f MiB\n", $5 / 1048576}'
+umount "$W/mnt"; sleep 1
+echo "== safs load --replace"
+/usr/bin/time -f "wall %e s, peak RSS %M KiB" "$SAFS" load "$W/vol.dump" "$W/vol" --replace 2>&1
+"$SAFS" mount "$W/vol" "$W/mnt"
+( cd "$W/mnt" && find . -printf '%p %s %m\n' | sort | md5sum ) > "$W/tree.after"
+umount "$W/mnt"; sleep 1
+cmp "$W/tree.before" "$W/tree.after" && echo "tree identical after the load"
+"$SAFS" dump "$W/vol" "$W/vol2.dump" 2>/dev/null
+"$SAFS" load "$W/vol2.dump" "$W/copy" >/dev/null && "$SAFS" dump "$W/copy" "$W/vol3.dump" 2>/dev/null
+cmp "$W/vol2.dump" "$W/vol3.dump" && echo "dump -> load -> dump byte-identical"
