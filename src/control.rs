@@ -151,22 +151,7 @@ pub fn stats_reply(fs: &Fs, stats: &Stats) -> StatsReply {
             }
         }),
         broken_counts: fs.broken_counts(),
-        store: fs.store_figures().map(|f| safs_control::StoreReport {
-            url: f.url,
-            cache_bytes: f.cache_bytes,
-            cache_files: f.cache_files,
-            cache_limit_bytes: f.cache_limit,
-            hits: f.hits,
-            misses: f.misses,
-            fetched_blocks: f.fetched_blocks,
-            fetched_bytes: f.fetched_bytes,
-            uploaded_blocks: f.uploaded_blocks,
-            uploaded_bytes: f.uploaded_bytes,
-            deleted_objects: f.deleted_objects,
-            evicted_files: f.evicted_files,
-            evicted_bytes: f.evicted_bytes,
-            uploads_waiting: f.uploads_waiting,
-        }),
+        store: fs.store_figures(),
         lease: fs.lease_figures().map(|l| safs_control::LeaseReport {
             takes: l.takes,
             wait_ns: l.wait_ns,

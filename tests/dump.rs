@@ -6,9 +6,7 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::io::Write;
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use common::*;
@@ -17,42 +15,6 @@ use sha2::Digest;
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
-}
-
-/// Path → (mode, size, nlink, contents' sum, xattrs) of a whole tree.
-fn walk(root: &Path) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for e in std::fs::read_dir(&dir).unwrap() {
-            let p = e.unwrap().path();
-            let m = std::fs::symlink_metadata(&p).unwrap();
-            let body = if m.is_dir() {
-                stack.push(p.clone());
-                0
-            } else if m.file_type().is_symlink() {
-                std::fs::read_link(&p).unwrap().as_os_str().len() as u64
-            } else {
-                std::fs::read(&p)
-                    .unwrap()
-                    .iter()
-                    .map(|&b| u64::from(b))
-                    .sum()
-            };
-            let mut x = llistxattr(&p).unwrap();
-            x.sort();
-            let x: Vec<(String, Vec<u8>)> = x
-                .into_iter()
-                .map(|n| (n.clone(), lgetxattr(&p, &n).unwrap()))
-                .collect();
-            let rel = p.strip_prefix(root).unwrap().display().to_string();
-            out.insert(
-                rel,
-                format!("{:o} {} {} {body} {x:?}", m.mode(), m.size(), m.nlink()),
-            );
-        }
-    }
-    out
 }
 
 fn populate(root: &Path) {
@@ -78,7 +40,7 @@ fn dump_to(vol_or_mnt: &Path, file: &Path) {
 fn a_damaged_metadata_file_is_restored_from_a_dump_taken_while_mounted() {
     let mut v = TestVolume::new();
     populate(v.mnt());
-    let before = walk(v.mnt());
+    let before = tree_of(v.mnt());
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("vol.dump");
     // Taken through the mountpoint, while it serves.
@@ -115,7 +77,7 @@ fn a_damaged_metadata_file_is_restored_from_a_dump_taken_while_mounted() {
     // recovers, nothing worse.
     safs(["fsck", s(v.vol())]).assert_success("fsck of the restored volume");
     v.mount();
-    assert_eq!(walk(v.mnt()), before);
+    assert_eq!(tree_of(v.mnt()), before);
     v.unmount();
 }
 
@@ -123,7 +85,7 @@ fn a_damaged_metadata_file_is_restored_from_a_dump_taken_while_mounted() {
 fn dump_load_dump_is_byte_identical_and_loads_onto_postgresql() {
     let mut v = TestVolume::new();
     populate(v.mnt());
-    let before = walk(v.mnt());
+    let before = tree_of(v.mnt());
     v.unmount();
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
@@ -146,7 +108,7 @@ fn dump_load_dump_is_byte_identical_and_loads_onto_postgresql() {
     let info = safs(["info", s(v.vol())]);
     assert!(info.stdout.contains("PostgreSQL"), "{}", info.stdout);
     v.mount();
-    assert_eq!(walk(v.mnt()), before);
+    assert_eq!(tree_of(v.mnt()), before);
     v.unmount();
     // A database that holds a volume is refused, and left as it was.
     let other = dir.path().join("other");
@@ -154,7 +116,7 @@ fn dump_load_dump_is_byte_identical_and_loads_onto_postgresql() {
     out.assert_failure_with_message("load into a database holding a volume");
     assert!(!other.exists());
     v.mount();
-    assert_eq!(walk(v.mnt()), before);
+    assert_eq!(tree_of(v.mnt()), before);
     // Before the cluster goes (it drops first).
     v.unmount();
 }

@@ -6,8 +6,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -17,45 +15,6 @@ use safs::meta::postgres::cluster::TempCluster;
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
-}
-
-/// What a tree holds: per path, kind, mode, size, contents, and xattrs.
-fn walk(root: &Path) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for e in std::fs::read_dir(&dir).unwrap() {
-            let p = e.unwrap().path();
-            let m = std::fs::symlink_metadata(&p).unwrap();
-            let rel = p.strip_prefix(root).unwrap().display().to_string();
-            let body = if m.file_type().is_symlink() {
-                format!("-> {}", std::fs::read_link(&p).unwrap().display())
-            } else if m.is_dir() {
-                stack.push(p.clone());
-                String::new()
-            } else {
-                let data = std::fs::read(&p).unwrap();
-                format!("{:x}", data.iter().map(|&b| u64::from(b)).sum::<u64>())
-            };
-            let mut x = llistxattr(&p).unwrap();
-            x.sort();
-            let xattrs: Vec<String> = x
-                .iter()
-                .map(|n| format!("{n}={}", lgetxattr(&p, n).unwrap().len()))
-                .collect();
-            out.insert(
-                rel,
-                format!(
-                    "{:o} {} {} {} {body} {xattrs:?}",
-                    m.mode(),
-                    m.size(),
-                    m.nlink(),
-                    m.uid()
-                ),
-            );
-        }
-    }
-    out
 }
 
 /// Files, directories, links and xattrs of every size class.
@@ -93,7 +52,7 @@ fn a_volume_moves_to_postgresql_and_back_with_everything_in_it() {
     let conninfo = cluster.conninfo("vol");
     let mut v = TestVolume::new();
     populate(v.mnt(), 300);
-    let before = walk(v.mnt());
+    let before = tree_of(v.mnt());
     v.unmount();
 
     let out = migrate(&v, &conninfo);
@@ -110,10 +69,10 @@ fn a_volume_moves_to_postgresql_and_back_with_everything_in_it() {
     let info = safs(["info", s(v.vol())]);
     assert!(info.stdout.contains("PostgreSQL"), "{}", info.stdout);
     v.mount();
-    assert_eq!(walk(v.mnt()), before);
+    assert_eq!(tree_of(v.mnt()), before);
     // A change on the new engine, then back to LMDB.
     std::fs::write(v.path("after"), b"on postgres").unwrap();
-    let mut before = walk(v.mnt());
+    let mut before = tree_of(v.mnt());
     v.unmount();
     let out = migrate(&v, "lmdb");
     assert!(
@@ -125,10 +84,10 @@ fn a_volume_moves_to_postgresql_and_back_with_everything_in_it() {
     assert!(meta.join("data.mdb").exists());
     assert!(!meta.join("postgres.conf").exists());
     v.mount();
-    assert_eq!(walk(v.mnt()), before);
+    assert_eq!(tree_of(v.mnt()), before);
     std::fs::remove_file(v.path("after")).unwrap();
     before.remove("after");
-    assert_eq!(walk(v.mnt()), before);
+    assert_eq!(tree_of(v.mnt()), before);
     v.unmount();
     safs(["fsck", s(v.vol())]).assert_success("fsck after two migrations");
 
@@ -154,7 +113,7 @@ fn a_volume_moves_to_postgresql_and_back_with_everything_in_it() {
     ])
     .assert_failure_with_message("migrate to a server that is not there");
     assert_eq!(
-        walk(v.mnt()),
+        tree_of(v.mnt()),
         before,
         "a refused migration changed the volume"
     );
@@ -172,7 +131,7 @@ fn an_encrypted_volume_moves_sealed_without_its_passphrase() {
     v.set_options(&[&format!("passphrase_file={}", pass.display())]);
     v.mount();
     populate(v.mnt(), 100);
-    let before = walk(v.mnt());
+    let before = tree_of(v.mnt());
     v.unmount();
     // No passphrase anywhere in the migration's environment.
     let out = run_cmd(
@@ -182,7 +141,7 @@ fn an_encrypted_volume_moves_sealed_without_its_passphrase() {
     );
     out.assert_success("migrate an encrypted volume");
     v.mount();
-    assert_eq!(walk(v.mnt()), before);
+    assert_eq!(tree_of(v.mnt()), before);
     v.unmount();
 }
 
@@ -194,7 +153,7 @@ fn a_migration_killed_at_any_point_leaves_the_old_or_the_new_volume() {
     let conninfo = cluster.conninfo("vol");
     let mut v = TestVolume::new();
     populate(v.mnt(), 3000);
-    let before = walk(v.mnt());
+    let before = tree_of(v.mnt());
     v.unmount();
     let on_pg = |v: &TestVolume| {
         v.vol().join("meta/postgres.conf").exists() && !v.vol().join("meta/data.mdb").exists()
@@ -224,7 +183,7 @@ fn a_migration_killed_at_any_point_leaves_the_old_or_the_new_volume() {
             on_pg(&v)
         );
         v.mount();
-        assert_eq!(walk(v.mnt()), before, "round {round}");
+        assert_eq!(tree_of(v.mnt()), before, "round {round}");
         v.unmount();
     }
     let target = if on_pg(&v) {
@@ -235,7 +194,7 @@ fn a_migration_killed_at_any_point_leaves_the_old_or_the_new_volume() {
     // Run to the end: the volume is then wholly on the target.
     migrate(&v, &target);
     v.mount();
-    assert_eq!(walk(v.mnt()), before);
+    assert_eq!(tree_of(v.mnt()), before);
     v.unmount();
     safs(["fsck", s(v.vol())]).assert_success("fsck after the killed migrations");
 }

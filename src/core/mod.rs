@@ -49,7 +49,6 @@ pub use error::{CoreError, Result};
 pub use files::{Handle, OpenMode};
 pub use ids::{Cookie, Fh, Generation, Ino};
 pub use namespace::{DirEntry, RenameFlags, SetAttr, Statfs, TimeSet};
-pub use remote::StoreFigures;
 pub use shared::{Inval, KernelInval};
 pub use store::{Health, LeaseFigures};
 

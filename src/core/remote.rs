@@ -95,28 +95,6 @@ struct Counters {
     uploading: AtomicU64,
 }
 
-/// The store's and the cache's figures, for `safs info --stats`.
-#[derive(Clone, Debug, Default)]
-pub struct StoreFigures {
-    pub url: String,
-    /// Closed files' bytes in the cache, how many files, and the bound.
-    pub cache_bytes: u64,
-    pub cache_files: u64,
-    pub cache_limit: u64,
-    pub hits: u64,
-    pub misses: u64,
-    pub fetched_blocks: u64,
-    pub fetched_bytes: u64,
-    pub uploaded_blocks: u64,
-    pub uploaded_bytes: u64,
-    pub deleted_objects: u64,
-    pub evicted_files: u64,
-    pub evicted_bytes: u64,
-    /// Uploads running, plus closed files whose upload failed (tried again
-    /// at unmount).
-    pub uploads_waiting: u64,
-}
-
 /// Closed files' backing files in the order of their last close, with the
 /// bytes each takes on the disk under the cache.
 #[derive(Debug, Default)]
@@ -898,16 +876,17 @@ impl Fs {
         }
     }
 
-    /// The store's and the cache's figures (`None`: contents are local).
-    pub fn store_figures(&self) -> Option<StoreFigures> {
+    /// The store's and the cache's figures, as `safs info --stats` shows
+    /// them (`None`: contents are local).
+    pub fn store_figures(&self) -> Option<safs_control::StoreReport> {
         let r = self.remote.as_ref()?;
         let c = &r.counters;
         let cache = r.cache.lock();
-        Some(StoreFigures {
+        Some(safs_control::StoreReport {
             url: r.url(),
             cache_bytes: cache.bytes,
             cache_files: cache.files.len() as u64,
-            cache_limit: cache.limit,
+            cache_limit_bytes: cache.limit,
             hits: c.hits.load(Relaxed),
             misses: c.misses.load(Relaxed),
             fetched_blocks: c.fetched_blocks.load(Relaxed),

@@ -113,10 +113,7 @@ pub type EachPair<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), MetaError> + 'a;
 
 /// Hands every pair of the engine in `dir` to `f` in key order, as one
 /// consistent snapshot that does not stop a daemon serving the volume.
-pub fn snapshot_each(
-    dir: &Path,
-    f: &mut EachPair,
-) -> Result<(), MetaError> {
+pub fn snapshot_each(dir: &Path, f: &mut EachPair) -> Result<(), MetaError> {
     match EngineKind::detect(dir) {
         Some(EngineKind::Lmdb) => lmdb::snapshot_each(dir, f),
         Some(EngineKind::Postgres) => PgStore::snapshot_each(&postgres_conninfo(dir)?, f),

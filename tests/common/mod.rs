@@ -1493,3 +1493,38 @@ impl Drop for MountHelper {
         }
     }
 }
+
+/// What a tree holds, path by path: mode, size, link count, a sum of the
+/// contents (or the symlink target's length), and every xattr with its
+/// value — what must come back the same after the volume moves or is
+/// restored.
+pub fn tree_of(root: &Path) -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            let m = fs::symlink_metadata(&p).unwrap();
+            let body = if m.is_dir() {
+                stack.push(p.clone());
+                0
+            } else if m.file_type().is_symlink() {
+                fs::read_link(&p).unwrap().as_os_str().len() as u64
+            } else {
+                fs::read(&p).unwrap().iter().map(|&b| u64::from(b)).sum()
+            };
+            let mut names = llistxattr(&p).unwrap();
+            names.sort();
+            let x: Vec<(String, Vec<u8>)> = names
+                .into_iter()
+                .map(|n| (n.clone(), lgetxattr(&p, &n).unwrap()))
+                .collect();
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            out.insert(
+                rel,
+                format!("{:o} {} {} {body} {x:?}", m.mode(), m.size(), m.nlink()),
+            );
+        }
+    }
+    out
+}

@@ -138,18 +138,22 @@ impl LmdbSnapshot {
             opts.open(dir)
         }
         .map_err(engine_err)?;
-        let rtxn = env.read_txn().map_err(engine_err)?;
-        let db = env
-            .open_databases_and_commit(rtxn, |opener, rtxn| {
-                opener
-                    .open_database::<Bytes, Bytes>(rtxn, None)
-                    .map(CommitOrAbort::<_, ()>::Commit)
-            })
-            .map_err(engine_err)?
-            .unwrap_commit()
-            .ok_or_else(|| MetaError::Engine("the metadata file has no main database".into()))?;
+        let db = open_main_db(&env)?;
         Ok(Self { env, db })
     }
+}
+
+/// The main database of an environment opened read-only (never created).
+fn open_main_db(env: &Env) -> Result<Database<'static, Bytes, Bytes>, MetaError> {
+    let rtxn = env.read_txn().map_err(engine_err)?;
+    env.open_databases_and_commit(rtxn, |opener, rtxn| {
+        opener
+            .open_database::<Bytes, Bytes>(rtxn, None)
+            .map(CommitOrAbort::<_, ()>::Commit)
+    })
+    .map_err(engine_err)?
+    .unwrap_commit()
+    .ok_or_else(|| MetaError::Engine("the metadata file has no main database".into()))
 }
 
 /// Hands every pair of the store in `dir` to `f` in key order, from one
@@ -158,10 +162,7 @@ impl LmdbSnapshot {
 /// which keeps the snapshot's pages from reuse until it ends). The page
 /// check of [`LmdbStore::open`] is not made: a writer's pages change
 /// under it.
-pub fn snapshot_each(
-    dir: &Path,
-    f: &mut super::EachPair,
-) -> Result<(), MetaError> {
+pub fn snapshot_each(dir: &Path, f: &mut super::EachPair) -> Result<(), MetaError> {
     if !dir.join("data.mdb").exists() {
         return Err(MetaError::Missing(dir.to_path_buf()));
     }
@@ -176,16 +177,7 @@ pub fn snapshot_each(
         opts.open(dir)
     }
     .map_err(engine_err)?;
-    let rtxn = env.read_txn().map_err(engine_err)?;
-    let db: Database<'static, Bytes, Bytes> = env
-        .open_databases_and_commit(rtxn, |opener, rtxn| {
-            opener
-                .open_database::<Bytes, Bytes>(rtxn, None)
-                .map(CommitOrAbort::<_, ()>::Commit)
-        })
-        .map_err(engine_err)?
-        .unwrap_commit()
-        .ok_or_else(|| MetaError::Engine("the metadata file has no main database".into()))?;
+    let db = open_main_db(&env)?;
     // One transaction for the whole walk: the snapshot.
     let rtxn = env.read_txn().map_err(engine_err)?;
     for item in db.iter(&rtxn).map_err(engine_err)? {

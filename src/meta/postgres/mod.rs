@@ -256,10 +256,7 @@ impl PgStore {
     /// Hands every pair to `f` in key order, from one read-only
     /// `REPEATABLE READ` transaction: a consistent snapshot while daemons
     /// go on writing.
-    pub fn snapshot_each(
-        conninfo: &str,
-        f: &mut super::EachPair,
-    ) -> Result<(), MetaError> {
+    pub fn snapshot_each(conninfo: &str, f: &mut super::EachPair) -> Result<(), MetaError> {
         let store = Self::connect(conninfo, true)?;
         store.check_schema()?;
         let mut c = store.raw_client()?;
