@@ -809,3 +809,75 @@ fn the_cache_stays_within_its_bound_and_never_drops_an_open_file() {
     out.assert_failure_with_message("a mount with cache_size=12Q");
     assert!(out.stderr.contains("cache_size"), "{}", out.stderr);
 }
+
+#[test]
+fn a_local_volume_moves_its_contents_into_the_store_in_place() {
+    let url = bucket("migrate");
+    let mut v = TestVolume::new();
+    fs::write(v.path("big"), pattern(50, 9 * MIB + 5)).unwrap();
+    fs::write(v.path("small"), b"tiny").unwrap();
+    let f = File::create(v.path("sparse")).unwrap();
+    f.write_all_at(b"end", 12 * MIB as u64).unwrap();
+    drop(f);
+    fs::create_dir(v.path("d")).unwrap();
+    fs::write(v.path("d/x"), pattern(51, 100_000)).unwrap();
+    setxattr(&v.path("d/x"), "user.k", b"v", 0).unwrap();
+    let before = tree_of(v.mnt());
+    v.unmount();
+
+    let out = safs(["migrate", s(v.vol()), "--data", &url]);
+    out.assert_success("safs migrate --data");
+    assert!(out.stdout.contains("4 files uploaded"), "{}", out.stdout);
+    // big: 3 blocks, sparse: its last, d/x: 1; small lives in its record.
+    let store = client(&url);
+    assert_eq!(objects(&store).len(), 5, "{:?}", objects(&store));
+    let info = safs(["info", s(v.vol())]);
+    assert!(
+        info.stdout.contains("in the object store at"),
+        "{}",
+        info.stdout
+    );
+    safs(["fsck", "--data-check", s(v.vol())]).assert_success("fsck after the move");
+
+    // data/ is a cache now: thrown away, everything comes back.
+    lose_cache(&v);
+    v.mount();
+    assert_eq!(tree_of(v.mnt()), before);
+    v.unmount();
+    safs(["migrate", s(v.vol()), "--data", &url])
+        .assert_failure_with_message("a second move into a store");
+}
+
+#[test]
+fn an_encrypted_volume_moves_into_the_store_without_its_passphrase() {
+    let url = bucket("migrate-enc");
+    let dir = tempfile::tempdir().unwrap();
+    let pass = dir.path().join("pass");
+    fs::write(&pass, "correct horse").unwrap();
+    let mut v =
+        TestVolume::formatted(&["--encrypt", "--passphrase-file", s(&pass), "--kdf-testing"]);
+    v.set_options(&[&format!("passphrase_file={}", pass.display())]);
+    v.mount();
+    fs::write(v.path("f"), pattern(60, 5 * MIB)).unwrap();
+    v.unmount();
+    let out = run_cmd(
+        std::process::Command::new(SAFS)
+            .args(["migrate", s(v.vol()), "--data", &url])
+            .env_remove("SAFS_PASSPHRASE_FILE"),
+    );
+    out.assert_success("safs migrate --data of an encrypted volume");
+    assert!(
+        out.stdout.contains("its first mount uploads them"),
+        "{}",
+        out.stdout
+    );
+    let store = client(&url);
+    assert!(objects(&store).is_empty());
+    // The first mount uploads; then the cache can go.
+    v.mount();
+    v.unmount();
+    assert_eq!(objects(&store).len(), 2);
+    lose_cache(&v);
+    v.mount();
+    assert_eq!(fs::read(v.path("f")).unwrap(), pattern(60, 5 * MIB));
+}

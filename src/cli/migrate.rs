@@ -14,6 +14,7 @@ use safs::core::volume::migrate::migrate;
 use safs::meta::{EngineKind, NewEngine};
 
 #[derive(Args, Debug)]
+#[command(group = clap::ArgGroup::new("to").required(true).args(["meta", "data"]))]
 pub struct MigrateArgs {
     /// The volume directory (must not be mounted anywhere).
     pub volume: PathBuf,
@@ -21,16 +22,27 @@ pub struct MigrateArgs {
     /// or key=value pairs; an empty database), or `lmdb` for the volume's
     /// own embedded store.
     #[arg(long, value_name = "CONNINFO|lmdb")]
-    pub meta: String,
+    pub meta: Option<String>,
+    /// Move the file contents into this object store (s3://BUCKET/PREFIX,
+    /// credentials the AWS way); `data/` becomes this node's cache.
+    #[arg(long, value_name = "s3://BUCKET/PREFIX")]
+    pub data: Option<String>,
+    /// With --data, an encrypted volume's passphrase, so that the contents
+    /// are uploaded now (else the first mount uploads them).
+    #[arg(long, value_name = "FILE")]
+    pub passphrase_file: Option<PathBuf>,
 }
 
 pub fn run(a: MigrateArgs) -> anyhow::Result<()> {
-    let target = if a.meta == "lmdb" {
+    if let Some(url) = &a.data {
+        return to_store(&a, url);
+    }
+    let meta = a.meta.clone().unwrap_or_default();
+    let target = if meta == "lmdb" {
         NewEngine::Lmdb
     } else {
-        safs::meta::postgres::conninfo::parse(&a.meta)
-            .map_err(|e| anyhow::anyhow!("--meta: {e}"))?;
-        NewEngine::Postgres(a.meta.clone())
+        safs::meta::postgres::conninfo::parse(&meta).map_err(|e| anyhow::anyhow!("--meta: {e}"))?;
+        NewEngine::Postgres(meta)
     };
     let bar = if std::io::stderr().is_terminal() {
         let b = ProgressBar::new(0);
@@ -67,8 +79,12 @@ pub fn run(a: MigrateArgs) -> anyhow::Result<()> {
         started.elapsed().as_secs_f64()
     );
     println!("{}", m.left);
-    // The result checked as `safs fsck` would (an encrypted volume's
-    // structure only: its records moved sealed, byte for byte).
+    check(&a)
+}
+
+/// `safs fsck` of the result (an encrypted volume's structure only: its
+/// records moved sealed, byte for byte).
+fn check(a: &MigrateArgs) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("cannot find safs's own executable")?;
     let mut fsck = Command::new(exe);
     fsck.arg("fsck").arg(&a.volume);
@@ -84,6 +100,70 @@ pub fn run(a: MigrateArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `--data`: the contents into an object store, uploaded now by the
+/// volume's own recovery of marked files (an encrypted volume's only with
+/// its passphrase; else by the first mount).
+fn to_store(a: &MigrateArgs, url: &str) -> anyhow::Result<()> {
+    use safs::core::volume::{self, Layout, VolumeLock};
+    let started = Instant::now();
+    let files =
+        safs::core::volume::migrate::to_object_store(&a.volume, url).with_context(|| {
+            format!(
+                "cannot move the contents of {} into {url}",
+                a.volume.display()
+            )
+        })?;
+    println!(
+        "{}: its contents are now in {url}: {files} files to upload",
+        a.volume.display()
+    );
+    let encrypted = volume_is_encrypted(&a.volume);
+    let master = if encrypted {
+        match super::passphrase::file_from(a.passphrase_file.as_deref()) {
+            Some(_) => {
+                let pass = super::passphrase::existing(a.passphrase_file.as_deref(), &a.volume)?;
+                let (store, sb) = volume::open_read_only(&a.volume)?;
+                Some(volume::unlock(store.as_ref(), &sb, &pass)?)
+            }
+            None => None,
+        }
+    } else {
+        None
+    };
+    if encrypted && master.is_none() {
+        println!(
+            "encrypted volume without --passphrase-file: its first mount uploads them \
+             (mount it here before any other node reads it)"
+        );
+        return check(a);
+    }
+    {
+        let layout = Layout::new(&a.volume);
+        let _lock = VolumeLock::acquire(&layout)?;
+        let (engine, sb) = volume::open_store(&a.volume)?;
+        engine.claim(&safs::meta::Session::of_this_process(
+            "(safs migrate)".into(),
+        ))?;
+        let keys = master.map(|m| volume::keys_for(&m, &sb));
+        // Opening the volume uploads every marked file, as after a stop.
+        let fs = safs::core::Fs::mount(
+            &a.volume,
+            engine,
+            sb,
+            safs::core::Options {
+                keys,
+                ..Default::default()
+            },
+        )?;
+        fs.close()?;
+    }
+    println!(
+        "{files} files uploaded in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    check(a)
 }
 
 fn volume_is_encrypted(vol: &std::path::Path) -> bool {

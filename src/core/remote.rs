@@ -934,6 +934,13 @@ impl Drop for Remote {
     }
 }
 
+/// Marks the backing file at `path` as holding what the store lacks (a
+/// volume moving its contents into a store: the next mount uploads it).
+pub(crate) fn mark_dirty_at(path: &Path) -> std::io::Result<()> {
+    rustix::fs::setxattr(path, DIRTY, b"", rustix::fs::XattrFlags::empty())?;
+    Ok(())
+}
+
 /// Whether the backing file at `path` carries the dirty mark (a missing
 /// one does not). A look at its xattr: no open, no read.
 pub(crate) fn marked_dirty(path: &Path) -> std::io::Result<bool> {

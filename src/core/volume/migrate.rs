@@ -295,3 +295,77 @@ fn sync_dir(dir: &Path) -> Result<(), VolumeError> {
         .and_then(|d| d.sync_all())
         .map_err(io_err(dir))
 }
+
+/// Moves the contents of the unmounted volume at `dir` into the object
+/// store at `url` (`safs migrate --data`): every file's backing file is
+/// marked as holding what the store lacks, then the store record and the
+/// superblock's feature bit are committed in one batch, and from then on
+/// `data/` is a cache — the next mount uploads every marked file (as it
+/// uploads what a killed daemon left), or the caller does now. A run cut
+/// short before the batch leaves a volume whose contents are local, with
+/// marks nothing reads; after it, the uploads finish at the next mount.
+/// Returns how many files are to be uploaded.
+pub fn to_object_store(dir: &Path, url: &str) -> Result<u64, VolumeError> {
+    let layout = Layout::new(dir);
+    let meta_dir = layout.meta();
+    if EngineKind::detect(&meta_dir).is_none() {
+        return Err(VolumeError::NotAVolume(dir.to_path_buf()));
+    }
+    let _lock = VolumeLock::acquire(&layout)?;
+    let store = meta::open(&meta_dir)?;
+    claim(store.as_ref(), dir)?;
+    let mut sb = read_superblock(store.as_ref())?;
+    if sb.has_object_store() {
+        return Err(VolumeError::Migrate(format!(
+            "{}'s contents are in an object store already",
+            dir.display()
+        )));
+    }
+    // The store answers and holds nothing but, after a run cut short,
+    // this volume's name.
+    let objects = super::check_data_store(url, true)?;
+    let id = uuid::Uuid::from_bytes(sb.uuid).to_string();
+    let listed = objects.list("").map_err(VolumeError::Store)?;
+    let ours = |o: &crate::objstore::Listed| {
+        o.key == super::VOLUME_OBJECT && objects.get(&o.key).is_ok_and(|b| b == id.as_bytes())
+    };
+    if !listed.iter().all(ours) {
+        return Err(VolumeError::StoreInUse(url.to_string()));
+    }
+    objects
+        .put(super::VOLUME_OBJECT, id.into_bytes())
+        .map_err(VolumeError::Store)?;
+    let mut marked = 0;
+    for i in 0..256 {
+        let sub = layout.data().join(format!("{i:02x}"));
+        for e in fs::read_dir(&sub).map_err(io_err(&sub))?.flatten() {
+            let Ok(ino) = u64::from_str_radix(&e.file_name().to_string_lossy(), 16) else {
+                continue;
+            };
+            // The pool's made-ahead files belong to no inode yet.
+            if store.get(&keys::inode(ino))?.is_none() {
+                continue;
+            }
+            crate::core::remote::mark_dirty_at(&e.path()).map_err(|e2| {
+                VolumeError::Migrate(format!(
+                    "{}: {e2} (the filesystem under the volume must keep user xattrs for \
+                     a volume whose contents are in an object store)",
+                    e.path().display()
+                ))
+            })?;
+            marked += 1;
+        }
+    }
+    // The marks durable before the switch that makes them matter.
+    let data = fs::File::open(layout.data()).map_err(io_err(&layout.data()))?;
+    nix::unistd::syncfs(&data).map_err(|e| io_err(&layout.data())(e.into()))?;
+    sb.features |= crate::format::superblock::FEATURE_OBJECT_STORE;
+    store.commit(&[
+        (
+            keys::DATA_STORE.to_vec(),
+            Some(crate::format::blocks::encode_store(url)),
+        ),
+        (keys::SUPERBLOCK.to_vec(), Some(sb.encode())),
+    ])?;
+    Ok(marked)
+}

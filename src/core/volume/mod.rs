@@ -327,12 +327,15 @@ fn make_data_dirs(layout: &Layout) -> Result<(), VolumeError> {
 }
 
 /// The object under a volume's prefix that names it (its uuid).
-const VOLUME_OBJECT: &str = "volume";
+pub(crate) const VOLUME_OBJECT: &str = "volume";
 
 /// Checks that the object store at `url` answers with this process's
 /// credentials and (unless `force`) holds nothing under its prefix: no
 /// other volume's contents or name.
-fn check_data_store(url: &str, force: bool) -> Result<crate::objstore::Store, VolumeError> {
+pub(crate) fn check_data_store(
+    url: &str,
+    force: bool,
+) -> Result<crate::objstore::Store, VolumeError> {
     use crate::objstore::{Limits, Store, StoreConfig};
     let config = StoreConfig::from_env(url).map_err(VolumeError::Store)?;
     let store = Store::new(config, Limits::default()).map_err(VolumeError::Store)?;
