@@ -22,7 +22,10 @@
 #   5. pjdfstest's EROFS tests on their own (they remount read-only)
 #   6. stress-ng: its file-system stressors with --verify, one after the
 #      other, a few seconds each, on the same mount
-#   7. safs fsck of that volume once unmounted: it must be clean
+#   7. safs fsck of that volume once unmounted: it must be clean; then it
+#      is dumped, moved to PostgreSQL (pjdfstest on it there) and back with
+#      safs migrate (fsck after each), and its dump loaded beside a copy of
+#      its data/ (fsck)
 #   8. pjdfstest, data and directory stressors and fsck (with the passphrase)
 #      again on an encrypted volume (sealed names, records and contents)
 #  8b. pjdfstest, data stressors and fsck on a volume whose contents are in
@@ -525,7 +528,6 @@ if [ "${PG_STRESS:-0}" = 1 ]; then
     dirmany dentry utime mknod chmod filename link open dir fsize
   umount "$PG_MNT"
   check_fsck fsck-pg "safs fsck of the PostgreSQL volume after pjdfstest and stress-ng" "$PG_VOL"
-  pg_stop
 fi
 
 # --- 7. fsck of the volume all of the above ran on ---------------------------
@@ -533,6 +535,33 @@ if is_mounted "$MNT"; then
   umount "$MNT"
   check_fsck fsck "safs fsck after pjdfstest and stress-ng" "$VOL"
 fi
+
+# --- 7b. that volume moved to PostgreSQL and back, and restored from a dump --
+# `safs dump` of it, `safs migrate` onto a new database of the cluster,
+# fsck, pjdfstest on the moved volume, `safs migrate` back to LMDB, fsck;
+# then the dump loaded into a new directory beside a copy of its data/, fsck.
+migrate_roundtrip() {
+  local conn="host=$PG_DATA user=postgres dbname=migrated"
+  pg createdb -h "$PG_DATA" -U postgres migrated &&
+    "$SAFS" dump "$VOL" "$WORK/main.dump" &&
+    "$SAFS" migrate "$VOL" --meta "$conn" &&
+    "$SAFS" mount "$VOL" "$MNT" -o allow_other || return 1
+  run_pjdfstest pjdfstest-migrated "$ROOT/tests/pjdfstest.toml" "$MNT/pjdfstest-migrated"
+  umount "$MNT" && "$SAFS" migrate "$VOL" --meta lmdb || return 1
+  mkdir -p "$WORK/restored" && cp -a "$VOL/data" "$WORK/restored/data" &&
+    "$SAFS" load "$WORK/main.dump" "$WORK/restored" --replace
+}
+if [ "${PG_STRESS:-0}" = 1 ] && [ -x "$SAFS" ] && ! is_mounted "$MNT"; then
+  t0=$SECONDS
+  say "migrate the main volume to PostgreSQL and back; restore its dump"
+  if migrate_roundtrip; then
+    record PASS $((SECONDS - t0)) "migrate LMDB -> PostgreSQL -> LMDB (fsck after each), dump -> load"
+    check_fsck fsck-restored "safs fsck of the volume restored from its dump" "$WORK/restored"
+  else
+    record FAIL $((SECONDS - t0)) "migrate/dump/load of the main volume"
+  fi
+fi
+pg_stop
 
 # --- 8. an encrypted volume: pjdfstest, data stressors, fsck ---------------------
 # Names, records and contents sealed, contents through the daemon, the
