@@ -97,7 +97,9 @@ fi
 # start private clusters of their own): without the default cluster the
 # package would create and start.
 pg_bin() {
-  if have initdb && have pg_ctl; then dirname "$(command -v initdb)"; else
+  # The directory of the server's own tools (symlinks on PATH resolved:
+  # createdb lives beside initdb there).
+  if have initdb && have pg_ctl; then dirname "$(readlink -f "$(command -v initdb)")"; else
     find /usr/lib/postgresql -mindepth 2 -maxdepth 2 -name bin 2>/dev/null | sort -V | tail -n 1
   fi
 }
@@ -542,14 +544,15 @@ fi
 # then the dump loaded into a new directory beside a copy of its data/, fsck.
 migrate_roundtrip() {
   local conn="host=$PG_DATA user=postgres dbname=migrated"
+  # The dump and a copy of the contents it names, taken together.
   pg createdb -h "$PG_DATA" -U postgres migrated &&
     "$SAFS" dump "$VOL" "$WORK/main.dump" &&
+    mkdir -p "$WORK/restored" && cp -a "$VOL/data" "$WORK/restored/data" &&
     "$SAFS" migrate "$VOL" --meta "$conn" &&
     "$SAFS" mount "$VOL" "$MNT" -o allow_other || return 1
   run_pjdfstest pjdfstest-migrated "$ROOT/tests/pjdfstest.toml" "$MNT/pjdfstest-migrated"
   umount "$MNT" && "$SAFS" migrate "$VOL" --meta lmdb || return 1
-  mkdir -p "$WORK/restored" && cp -a "$VOL/data" "$WORK/restored/data" &&
-    "$SAFS" load "$WORK/main.dump" "$WORK/restored" --replace
+  "$SAFS" load "$WORK/main.dump" "$WORK/restored" --replace
 }
 if [ "${PG_STRESS:-0}" = 1 ] && [ -x "$SAFS" ] && ! is_mounted "$MNT"; then
   t0=$SECONDS

@@ -969,3 +969,39 @@ fn ctdbs_recovery_lock_is_held_through_one_mount_at_a_time() {
     });
     assert!(got, "the lock was not free after its holder died");
 }
+
+#[test]
+fn an_o_creat_racing_the_other_mounts_create_opens_the_same_file() {
+    use std::os::unix::fs::MetadataExt;
+    let t = two_mounts();
+    for i in 0..40 {
+        let name = format!("race{i}");
+        let (pa, pb) = (t.a.path(&name), t.b.path(&name));
+        let go = Arc::new(Barrier::new(2));
+        let g = Arc::clone(&go);
+        let other = std::thread::spawn(move || {
+            g.wait();
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .read(true)
+                .write(true)
+                .open(pb)
+                .map(|f| f.metadata().unwrap().ino())
+        });
+        go.wait();
+        let a = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(pa)
+            .map(|f| f.metadata().unwrap().ino());
+        let b = other.join().unwrap();
+        let (a, b) = (
+            a.unwrap(),
+            b.unwrap_or_else(|e| panic!("round {i}, mount B: {e}")),
+        );
+        assert_eq!(a, b, "round {i}: two files for one name");
+    }
+}

@@ -38,6 +38,10 @@ pub enum CoreError {
     NotSupported,
     #[error("bad file handle")]
     BadHandle,
+    /// What the kernel cached is stale: it looks the path up again and
+    /// retries (ESTALE makes the VFS redo an open with revalidation).
+    #[error("stale cached entry")]
+    Stale,
     #[error("read-only file system")]
     ReadOnly,
     #[error("too many links")]
@@ -94,6 +98,7 @@ impl CoreError {
             Invalid => libc::EINVAL,
             NotSupported => libc::EOPNOTSUPP,
             BadHandle => libc::EBADF,
+            Stale => libc::ESTALE,
             ReadOnly => libc::EROFS,
             TooManyLinks => libc::EMLINK,
             Corrupt { .. } | Meta(_) => libc::EIO,

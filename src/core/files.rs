@@ -188,7 +188,7 @@ impl Fs {
     ) -> Result<(super::Attr, Arc<Handle>)> {
         let mut om = OpenMode::from_flags(flags);
         om.truncate = false;
-        let (attr, h) = self.make_node_opened(
+        let made = self.make_node_opened(
             ctx,
             parent.0,
             name,
@@ -197,7 +197,17 @@ impl Fs {
             0,
             None,
             Some(om),
-        )?;
+        );
+        let (attr, h) = match made {
+            // Another mount made the name since this kernel looked it up:
+            // without O_EXCL the open must find that file, so the kernel
+            // is sent to look again (the VFS redoes an open that meets
+            // ESTALE with revalidation, and checks permissions itself).
+            Err(CoreError::Exists) if flags & libc::O_EXCL == 0 && self.is_shared() => {
+                return Err(CoreError::Stale);
+            }
+            made => made?,
+        };
         Ok((attr, h.expect("asked for a handle")))
     }
 
