@@ -242,15 +242,12 @@ impl Locks {
 fn lock_errno(e: &LockError) -> i32 {
     match e {
         LockError::Deadlock => libc::EDEADLK,
-        LockError::Meta(m) => crate::core::CoreError::from(clone_meta(m)).errno(),
+        // An engine that failed (what any metadata error answers).
+        LockError::Meta(m) => {
+            tracing::warn!(error = %m, "file lock not taken");
+            libc::EIO
+        }
     }
-}
-
-/// The errno a metadata error answers with (the error itself is not
-/// `Clone`): its message is logged.
-fn clone_meta(e: &crate::meta::MetaError) -> crate::meta::MetaError {
-    tracing::warn!(error = %e, "file lock not taken");
-    crate::meta::MetaError::Engine(e.to_string())
 }
 
 /// GETLK's answer: the lock in the way, or `F_UNLCK`.
