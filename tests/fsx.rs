@@ -5,11 +5,15 @@
 //! (type, mode, xattrs, contents, existence), the whole tree every 1,000
 //! steps, and the volume is unmounted and mounted again (alternating
 //! passthrough and daemon-side I/O) every 5,000 steps (twice in a short run) and compared again.
+//! On volumes whose contents are in an object store (the run's S3 server)
+//! every remount first throws the node's cache away, so that the
+//! comparison after it reads every file back from the store.
 //!
 //! `SAFS_FSX_OPS=N` sets the number of steps (default 3,000 here; the
 //! long run in docs/testing.md uses 1,000,000). `SAFS_FSX_SEED` fixes the seed.
 
 mod model;
+mod store;
 
 use std::path::Path;
 
@@ -83,6 +87,10 @@ enum Volume {
     Encrypted,
     /// Metadata in a private PostgreSQL cluster.
     Postgres,
+    /// Contents in an object store.
+    Store,
+    /// The same, encrypted.
+    StoreEncrypted,
 }
 
 #[test]
@@ -104,8 +112,21 @@ fn random_operations_match_the_model_on_an_encrypted_volume() {
     fsx(Volume::Encrypted);
 }
 
+/// The same on a volume whose contents are in an object store.
+#[test]
+fn random_operations_match_the_model_with_contents_in_an_object_store() {
+    fsx(Volume::Store);
+}
+
+/// And encrypted: sealed blocks in the store.
+#[test]
+fn random_operations_match_the_model_with_sealed_contents_in_an_object_store() {
+    fsx(Volume::StoreEncrypted);
+}
+
 fn fsx(kind: Volume) {
-    let encrypted = kind == Volume::Encrypted;
+    let encrypted = matches!(kind, Volume::Encrypted | Volume::StoreEncrypted);
+    let in_store = matches!(kind, Volume::Store | Volume::StoreEncrypted);
     assert!(
         Path::new("/dev/fuse").exists(),
         "/dev/fuse is missing: this test mounts a real FUSE filesystem"
@@ -143,6 +164,10 @@ fn fsx(kind: Volume) {
     });
     if let Some(c) = &cluster {
         format.extend(["--meta".into(), c.conninfo("postgres")]);
+    }
+    if in_store {
+        SAFS_ENV.get_or_init(store::env);
+        format.extend(["--data".into(), store::bucket("fsx")]);
     }
     run_ok(safs().args(&format));
     let _guard = Mounted {
@@ -199,6 +224,9 @@ fn fsx(kind: Volume) {
         if step_no % remount_every == 0 {
             unmount(&mnt);
             wait_unlocked(&vol);
+            if in_store {
+                store::lose_cache(&vol);
+            }
             remounts += 1;
             mount(remounts);
             full_check(&mnt, &model, step_no);
@@ -208,6 +236,10 @@ fn fsx(kind: Volume) {
     unmount(&mnt);
     wait_unlocked(&vol);
     let mut fsck = vec!["fsck".to_string(), s(&vol)];
+    if in_store {
+        // Every object read and checked against its block record.
+        fsck.push("--data-check".into());
+    }
     if let Some(e) = &enc {
         fsck.extend(["--passphrase-file".into(), s(&e.passfile)]);
     }

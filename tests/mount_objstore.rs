@@ -7,6 +7,7 @@
 //! at some point and reads the files back from the store.
 
 mod common;
+mod store;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -15,58 +16,23 @@ use std::time::Duration;
 
 use common::*;
 use nix::sys::signal::{Signal, kill};
+use safs::meta::postgres::cluster::TempCluster;
 use safs::objstore::{Limits, Store, StoreConfig};
 use safs_s3server::{ACCESS_KEY, SECRET_KEY, TempRgw};
 
 const MIB: usize = 1 << 20;
 
-static SERVER: std::sync::OnceLock<(TempRgw, tempfile::TempDir)> = std::sync::OnceLock::new();
-
-/// Stops this binary's own server when the binary exits (statics are never
-/// dropped).
-extern "C" fn stop_own_server() {
-    if let Some((rgw, _)) = SERVER.get() {
-        if TempRgw::from_env().is_none() {
-            let _ = TempRgw::stop_in(rgw.dir());
-        }
-    }
-}
-
-/// The server (the script's, else this binary's own, stopped at exit) and
-/// the environment every safs command of this binary runs with.
+/// The run's S3 server; every safs command of this binary reaches it.
 fn server() -> &'static TempRgw {
-    let (rgw, _) = SERVER.get_or_init(|| {
-        let dir = tempfile::Builder::new()
-            .prefix("safs-s3")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let rgw = TempRgw::shared_or_start(dir.path()).unwrap_or_else(|e| panic!("{e}"));
-        if TempRgw::from_env().is_none() {
-            // SAFETY: registers a function that takes no arguments and
-            // only stops processes; atexit runs it once at exit.
-            unsafe { libc::atexit(stop_own_server) };
-        }
-        let _ = CHILD_ENV.set(vec![
-            ("AWS_ACCESS_KEY_ID".into(), ACCESS_KEY.into()),
-            ("AWS_SECRET_ACCESS_KEY".into(), SECRET_KEY.into()),
-            ("AWS_ENDPOINT_URL".into(), rgw.endpoint().into()),
-            ("AWS_REGION".into(), "us-east-1".into()),
-        ]);
-        (rgw, dir)
-    });
+    let rgw = store::server();
+    CHILD_ENV.get_or_init(store::env);
     rgw
 }
 
 /// A new bucket for one test, and its URL with a prefix.
 fn bucket(name: &str) -> String {
-    let rgw = server();
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let bucket = format!("safs-{name}-{stamp:x}");
-    rgw.create_bucket(&bucket).unwrap_or_else(|e| panic!("{e}"));
-    format!("s3://{bucket}/vol")
+    server();
+    store::bucket(name)
 }
 
 /// A client of the same bucket and prefix, to look at what safs stored.
@@ -121,7 +87,7 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 
 /// Throws the node's cache away: every backing file.
 fn lose_cache(v: &TestVolume) {
-    lose_cache_at(v.vol());
+    store::lose_cache(v.vol());
 }
 
 fn s(p: &std::path::Path) -> &str {
@@ -426,7 +392,6 @@ impl Drop for Node {
 
 #[test]
 fn two_nodes_share_nothing_but_the_database_and_the_store() {
-    use safs::meta::postgres::cluster::TempCluster;
     let url = bucket("nodes");
     let dir = tempfile::tempdir().unwrap();
     let cluster = TempCluster::start(dir.path()).unwrap();
@@ -535,6 +500,166 @@ fn two_nodes_share_nothing_but_the_database_and_the_store() {
     b.unmount();
 }
 
+/// Work run in a node's thread, given its mountpoint.
+type Job = Box<dyn FnOnce(&std::path::Path) + Send>;
+
+/// A node in a mount namespace of its own: a thread that unshares its
+/// mount namespace, mounts its side of the volume there (the daemon
+/// inherits the namespace) and runs the jobs it is sent, so that nothing
+/// but the database and the store joins it to the other node.
+struct NsNode {
+    jobs: Option<std::sync::mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl NsNode {
+    fn start(vol: std::path::PathBuf, mnt: std::path::PathBuf) -> NsNode {
+        let (jobs, rx) = std::sync::mpsc::channel::<Job>();
+        let (ready, up) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let mounted = (|| -> Result<Node, String> {
+                // SAFETY: unshare(2) of this thread's mount namespace
+                // (and with it its fs attributes); no memory involved.
+                if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+                    let e = std::io::Error::last_os_error();
+                    return Err(format!("unshare(CLONE_NEWNS): {e}"));
+                }
+                // Nothing mounted here propagates back to the test's
+                // namespace, nor the other way.
+                nix::mount::mount(
+                    None::<&str>,
+                    "/",
+                    None::<&str>,
+                    nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
+                    None::<&str>,
+                )
+                .map_err(|e| format!("make / private: {e}"))?;
+                Ok(Node::mount(vol, mnt))
+            })();
+            let mut node = match mounted {
+                Ok(n) => {
+                    ready.send(Ok(())).unwrap();
+                    n
+                }
+                Err(e) => return ready.send(Err(e)).unwrap(),
+            };
+            for job in rx {
+                job(&node.mnt);
+            }
+            // The sender is gone (the test ended or failed): unmount here,
+            // where the mount is.
+            node.unmount();
+        });
+        up.recv()
+            .expect("the node's thread died")
+            .unwrap_or_else(|e| panic!("{e}"));
+        NsNode {
+            jobs: Some(jobs),
+            thread: Some(thread),
+        }
+    }
+
+    /// Runs `f` with the mountpoint in the node's namespace; its result.
+    fn run<T: Send + 'static>(&self, f: impl FnOnce(&std::path::Path) -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let job = Box::new(move |mnt: &std::path::Path| {
+            let _ = tx.send(f(mnt));
+        });
+        self.jobs.as_ref().unwrap().send(job).unwrap();
+        rx.recv().expect("the job failed in the node's thread")
+    }
+
+    /// Unmounts (waiting for the daemon's exit) and ends the thread.
+    fn stop(mut self) {
+        self.jobs.take();
+        if let Some(t) = self.thread.take() {
+            t.join().expect("the node's unmount failed");
+        }
+    }
+}
+
+impl Drop for NsNode {
+    fn drop(&mut self) {
+        self.jobs.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Two nodes, each a daemon in its own mount namespace with its own cache
+/// directory: neither mount is visible to the other node nor to the test,
+/// and files written and closed on each at the same time are read exactly
+/// on the other.
+#[test]
+fn two_nodes_in_their_own_mount_namespaces_read_each_others_files() {
+    let url = bucket("ns");
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = TempCluster::start(dir.path()).unwrap();
+    cluster.create_database("vol").unwrap();
+    let conninfo = cluster.conninfo("vol");
+    let (va, vb) = (dir.path().join("node-a"), dir.path().join("node-b"));
+    safs(["format", s(&va), "--meta", &conninfo, "--data", &url]).assert_success("format");
+    safs(["attach", s(&vb), "--meta", &conninfo]).assert_success("safs attach");
+    // One mountpoint path, a different mount in each namespace.
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let a = NsNode::start(va.clone(), mnt.clone());
+    let b = NsNode::start(vb, mnt.clone());
+    assert!(
+        !is_fuse_mounted(&mnt),
+        "a node's mount shows in the test's namespace"
+    );
+    for node in [&a, &b] {
+        assert!(
+            node.run(is_fuse_mounted),
+            "a node does not see its own mount"
+        );
+    }
+    const N: u8 = 30;
+    let name = |tag: u8, i: u8| format!("n{tag}-{i}");
+    let want = |tag: u8, i: u8| pattern(tag * 64 + i, 40_000 + usize::from(i) * 150_001);
+    // Both nodes write at once.
+    let writers: Vec<_> = [(&a, 1u8), (&b, 2u8)]
+        .into_iter()
+        .map(|(node, tag)| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            node.jobs
+                .as_ref()
+                .unwrap()
+                .send(Box::new(move |m: &std::path::Path| {
+                    for i in 0..N {
+                        fs::write(m.join(name(tag, i)), want(tag, i)).unwrap();
+                    }
+                    let _ = tx.send(());
+                }))
+                .unwrap();
+            rx
+        })
+        .collect();
+    for w in writers {
+        w.recv().expect("a node's writes failed");
+    }
+    for (reader, tag) in [(&b, 1u8), (&a, 2u8)] {
+        let bad = reader.run(move |m| {
+            (0..N)
+                .filter(|&i| {
+                    !wait_until(Duration::from_secs(10), || {
+                        fs::read(m.join(name(tag, i))).ok() == Some(want(tag, i))
+                    })
+                })
+                .collect::<Vec<u8>>()
+        });
+        assert!(
+            bad.is_empty(),
+            "files of node {tag} read otherwise on the other: {bad:?}"
+        );
+    }
+    a.stop();
+    b.stop();
+    safs(["fsck", s(&va), "--data-check"]).assert_success("fsck after both nodes");
+}
+
 #[test]
 fn a_store_that_goes_away_fails_fsync_with_eio_and_heals_without_a_remount() {
     // A gateway of its own: the others' tests keep theirs.
@@ -589,7 +714,7 @@ fn a_store_that_goes_away_fails_fsync_with_eio_and_heals_without_a_remount() {
     f.sync_all().unwrap();
     drop(f);
     node.unmount();
-    lose_cache_at(&vol);
+    store::lose_cache(&vol);
     safs_with(&["mount", s(&vol), s(&mnt)]).assert_success("mount again");
     node.mounted = true;
     let mut want = during;
@@ -599,14 +724,6 @@ fn a_store_that_goes_away_fails_fsync_with_eio_and_heals_without_a_remount() {
 }
 
 /// [`lose_cache`] of the volume directory `vol`.
-fn lose_cache_at(vol: &std::path::Path) {
-    for d in fs::read_dir(vol.join("data")).unwrap().flatten() {
-        for f in fs::read_dir(d.path()).unwrap().flatten() {
-            fs::remove_file(f.path()).unwrap();
-        }
-    }
-}
-
 #[test]
 fn a_damaged_object_is_an_error_never_served() {
     let url = bucket("damage");

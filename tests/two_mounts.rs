@@ -4,8 +4,11 @@
 //! and make no cycle, when one daemon is killed the other goes on and
 //! reclaims what it held, and crash loops that kill one of the two in the
 //! middle of its changes lose nothing synced. `fsck` is clean after each.
+//! The model walk runs again through two nodes of a volume whose contents
+//! are in an object store (the run's S3 server), each with its own cache.
 
 mod common;
+mod store;
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::MetadataExt;
@@ -100,6 +103,29 @@ fn two_mounts() -> Two {
     }
 }
 
+/// Two nodes of one fresh volume whose contents are in the run's object
+/// store: the volume's own directory, and one `safs attach` made in a
+/// directory of its own (a cache of its own), on one cluster.
+fn two_nodes() -> Two {
+    CHILD_ENV.get_or_init(store::env);
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = TempCluster::start(dir.path()).unwrap();
+    cluster.create_database("vol").unwrap();
+    let conninfo = cluster.conninfo("vol");
+    let v = TestVolume::formatted(&["--meta", &conninfo, "--data", &store::bucket("nodes")]);
+    let node_b = dir.path().join("node-b");
+    safs(["attach", node_b.to_str().unwrap(), "--meta", &conninfo]).assert_success("safs attach");
+    let a = Mount::new(v.vol(), v.mnt());
+    let b = Mount::new(&node_b, &v.root().join("mnt2"));
+    Two {
+        a,
+        b,
+        v,
+        _cluster: cluster,
+        _dir: dir,
+    }
+}
+
 impl Two {
     /// Unmounts both and checks the volume at once: fsck waits for the
     /// daemons finishing their last commits (as after `umount; fsck` on
@@ -173,12 +199,30 @@ enum Node {
     File(u32),
 }
 
-/// The namespace as POSIX says it must be, with each file's xattr value.
+/// The namespace as POSIX says it must be, with each file's xattr value
+/// and contents.
 #[derive(Default)]
 struct Model {
     nodes: BTreeMap<String, Node>,
     xattr: HashMap<u32, Vec<u8>>,
+    data: HashMap<u32, Vec<u8>>,
     next: u32,
+}
+
+/// What a walk finds: path → (kind, nlink, xattr `user.v`, contents'
+/// length and FNV-1a hash).
+type Seen = BTreeMap<String, (char, u64, Option<Vec<u8>>, (usize, u64))>;
+
+fn digest(data: &[u8]) -> (usize, u64) {
+    let h = data.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    (data.len(), h)
+}
+
+/// The contents `Op::Write(_, len, seed)` writes.
+fn contents(len: usize, seed: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 31 + seed) as u8).collect()
 }
 
 impl Model {
@@ -253,9 +297,11 @@ impl Model {
                 }
             }
             Op::Link(p, q) => {
+                // link(2) resolves the old name whole before the new one's
+                // directory (rename(2) both directories first).
                 self.walk(p)?;
-                self.walk(q)?;
                 let node = self.nodes.get(p).ok_or(Errno::ENOENT)?.clone();
+                self.walk(q)?;
                 if self.nodes.contains_key(q) {
                     return Err(Errno::EEXIST);
                 }
@@ -271,6 +317,16 @@ impl Model {
                     Some(Node::Dir) => {}
                     Some(Node::File(id)) => {
                         self.xattr.insert(*id, v.clone());
+                    }
+                }
+            }
+            Op::Write(p, len, seed) => {
+                self.walk(p)?;
+                match self.nodes.get(p) {
+                    None => return Err(Errno::ENOENT),
+                    Some(Node::Dir) => return Err(Errno::EISDIR),
+                    Some(Node::File(id)) => {
+                        self.data.insert(*id, contents(*len, *seed));
                     }
                 }
             }
@@ -319,14 +375,19 @@ impl Model {
         Ok(())
     }
 
-    /// What a walk of a mount must find: path → (kind, nlink, xattr).
-    fn expected(&self) -> BTreeMap<String, (char, u64, Option<Vec<u8>>)> {
+    /// What a walk of a mount must find.
+    fn expected(&self) -> Seen {
         self.nodes
             .iter()
             .map(|(k, n)| {
                 let v = match n {
-                    Node::Dir => ('d', 0, None),
-                    Node::File(id) => ('f', self.nlink(*id) as u64, self.xattr.get(id).cloned()),
+                    Node::Dir => ('d', 0, None, (0, 0)),
+                    Node::File(id) => (
+                        'f',
+                        self.nlink(*id) as u64,
+                        self.xattr.get(id).cloned(),
+                        digest(self.data.get(id).map_or(&[][..], |d| d)),
+                    ),
                 };
                 (k.clone(), v)
             })
@@ -343,6 +404,9 @@ enum Op {
     Link(String, String),
     Rename(String, String),
     SetXattr(String, Vec<u8>),
+    /// Replaces a file's contents (open O_TRUNC, write, close): length
+    /// and seed of `contents`.
+    Write(String, usize, usize),
 }
 
 fn run_op(root: &Path, op: &Op) -> Result<(), Errno> {
@@ -359,14 +423,19 @@ fn run_op(root: &Path, op: &Op) -> Result<(), Errno> {
         Op::Link(p, q) => std::fs::hard_link(at(p), at(q)),
         Op::Rename(p, q) => std::fs::rename(at(p), at(q)),
         Op::SetXattr(p, v) => return setxattr(&at(p), "user.v", v, 0),
+        Op::Write(p, len, seed) => std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(at(p))
+            .and_then(|mut f| std::io::Write::write_all(&mut f, &contents(*len, *seed))),
     };
     r.map_err(errno_of)
 }
 
 /// A walk of a mount, in the model's terms (directories' nlink left out:
 /// the model does not count subdirectories).
-fn walk(root: &Path) -> BTreeMap<String, (char, u64, Option<Vec<u8>>)> {
-    fn go(root: &Path, rel: &str, out: &mut BTreeMap<String, (char, u64, Option<Vec<u8>>)>) {
+fn walk(root: &Path) -> Seen {
+    fn go(root: &Path, rel: &str, out: &mut Seen) {
         let dir = if rel.is_empty() {
             root.to_path_buf()
         } else {
@@ -386,11 +455,12 @@ fn walk(root: &Path) -> BTreeMap<String, (char, u64, Option<Vec<u8>>)> {
                 continue;
             };
             if m.is_dir() {
-                out.insert(rel.clone(), ('d', 0, None));
+                out.insert(rel.clone(), ('d', 0, None, (0, 0)));
                 go(root, &rel, out);
             } else {
                 let x = getxattr(&root.join(&rel), "user.v").ok();
-                out.insert(rel, ('f', m.nlink(), x));
+                let data = std::fs::read(root.join(&rel)).unwrap_or_default();
+                out.insert(rel, ('f', m.nlink(), x, digest(&data)));
             }
         }
     }
@@ -401,7 +471,20 @@ fn walk(root: &Path) -> BTreeMap<String, (char, u64, Option<Vec<u8>>)> {
 
 #[test]
 fn random_operations_through_two_mounts_give_what_one_model_gives() {
-    let mut t = two_mounts();
+    model_walk(two_mounts());
+}
+
+/// The same through two nodes of a volume whose contents are in an object
+/// store: the second one attached in a directory of its own (its own
+/// cache), so every file one writes the other fetches from the store.
+#[test]
+fn random_operations_through_two_nodes_of_an_object_store_volume_give_one_models() {
+    model_walk(two_nodes());
+}
+
+/// 300 random operations, alternately through each mount; after each,
+/// both show the model.
+fn model_walk(mut t: Two) {
     let paths = [
         "a", "b", "a/x", "a/y", "b/x", "b/y", "a/x/z", "b/y/z", "a/z", "b/z", "c",
     ];
@@ -413,18 +496,21 @@ fn random_operations_through_two_mounts_give_what_one_model_gives() {
         (rng % n as u64) as usize
     };
     let mut model = Model::default();
-    let mut failures = 0;
+    let (mut failures, mut writes) = (0, 0);
     for step in 0..300 {
         let p = paths[next(paths.len())].to_string();
         let q = paths[next(paths.len())].to_string();
-        let op = match next(10) {
+        let op = match next(11) {
             0 | 1 => Op::Mkdir(p),
             2 | 3 => Op::Create(p),
             4 => Op::Unlink(p),
             5 => Op::Rmdir(p),
             6 => Op::Link(p, q),
             7 | 8 => Op::Rename(p, q),
-            _ => Op::SetXattr(p, format!("v{step}").into_bytes()),
+            9 => Op::SetXattr(p, format!("v{step}").into_bytes()),
+            // Sizes from empty past the 16 KiB a record holds inline to
+            // a few blocks' worth of pages.
+            _ => Op::Write(p, (step * 7919) % 200_000, step),
         };
         let (mine, other) = if step % 2 == 0 {
             (&t.a, &t.b)
@@ -435,6 +521,7 @@ fn random_operations_through_two_mounts_give_what_one_model_gives() {
         let got = run_op(&mine.mnt, &op);
         assert_eq!(got, want, "step {step}: {op:?} on {}", mine.mnt.display());
         failures += usize::from(got.is_err());
+        writes += usize::from(got.is_ok() && matches!(op, Op::Write(..)));
         // Both mounts show the model before the next step (the other one
         // within moments: its caches are told).
         let expected = model.expected();
@@ -449,6 +536,7 @@ fn random_operations_through_two_mounts_give_what_one_model_gives() {
         (30..270).contains(&failures),
         "the walk should mix successes and refusals: {failures} of 300 failed"
     );
+    assert!(writes >= 5, "only {writes} writes reached a file");
     t.unmount_and_fsck();
 }
 

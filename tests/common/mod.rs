@@ -266,7 +266,10 @@ pub fn require_fuse() {
 /// The file-system type of the mount at exactly `mountpoint`, if any,
 /// from `/proc/self/mountinfo` (reading it never touches the FUSE mount).
 pub fn mount_fstype(mountpoint: &Path) -> Option<String> {
-    let info = fs::read_to_string("/proc/self/mountinfo").expect("read /proc/self/mountinfo");
+    // The calling thread's view: a test thread may have a mount namespace
+    // of its own.
+    let info = fs::read_to_string("/proc/thread-self/mountinfo")
+        .expect("read /proc/thread-self/mountinfo");
     let want = mountpoint.as_os_str().as_bytes();
     let mut found = None;
     for line in info.lines() {

@@ -12,8 +12,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// What every safs command of this test binary runs with besides the
+/// binary's own environment (an object store's credentials and endpoint),
+/// set once; tests run in threads and must not change their own.
+pub static SAFS_ENV: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+
 pub fn safs() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_safs"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_safs"));
+    cmd.envs(SAFS_ENV.get().into_iter().flatten().map(|(k, v)| (k, v)));
+    cmd
 }
 
 /// An encrypted volume's passphrase file, written into `dir`; formats
@@ -565,11 +572,7 @@ pub fn read_tree(mnt: &Path) -> Model {
 /// one live session `safs info` lists.
 pub fn daemon_pid(vol: &Path) -> i32 {
     if vol.join("meta/postgres.conf").exists() {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_safs"))
-            .arg("info")
-            .arg(vol)
-            .output()
-            .unwrap();
+        let out = safs().arg("info").arg(vol).output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         let live: Vec<i32> = text
             .lines()
