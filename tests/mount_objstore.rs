@@ -169,6 +169,58 @@ fn contents_live_in_the_store_and_come_back_when_the_cache_is_lost() {
     assert_eq!(objects(&store), listed);
 }
 
+/// Full blocks behind a writer's end go to the store while it writes (the
+/// stager): they are there before any `fsync` or close; a staged block
+/// written again before the close is sent again and its staged object
+/// deleted; a file removed while open leaves nothing either.
+#[test]
+fn full_blocks_go_up_while_the_writer_writes_and_nothing_staged_is_left() {
+    let url = bucket("stage");
+    let mut v = volume(&url, &[]);
+    let store = client(&url);
+    let mut want = pattern(30, 14 * MIB);
+    let mut f = File::create(v.path("f")).unwrap();
+    f.write_all(&want).unwrap();
+    // Three full blocks behind the end: staged with the file still open
+    // and never synced.
+    assert!(
+        wait_until(Duration::from_secs(20), || objects(&store).len() >= 3),
+        "nothing staged while the file is open: {:?}",
+        objects(&store)
+    );
+    let staged = objects(&store);
+    // Block 1 changed after it was staged: its staged object is garbage.
+    f.write_all_at(b"again", (5 * MIB) as u64).unwrap();
+    want[5 * MIB..5 * MIB + 5].copy_from_slice(b"again");
+    f.sync_all().unwrap();
+    drop(f);
+    // Blocks 0, 1 (sent again), 2, and the short last one: four objects.
+    expect_objects(&store, 4);
+    let now = objects(&store);
+    assert_eq!(now[0], staged[0], "an unchanged staged block is sent twice");
+    assert_ne!(
+        now[1].0, staged[1].0,
+        "a changed block kept its staged object"
+    );
+    // A file removed while its writer is open: nothing stays.
+    let mut g = File::create(v.path("g")).unwrap();
+    g.write_all(&pattern(31, 9 * MIB)).unwrap();
+    assert!(wait_until(Duration::from_secs(20), || objects(&store)
+        .len()
+        >= 6));
+    fs::remove_file(v.path("g")).unwrap();
+    drop(g);
+    expect_objects(&store, 4);
+    v.unmount();
+    lose_cache(&v);
+    v.mount();
+    assert_eq!(fs::read(v.path("f")).unwrap(), want);
+    v.unmount();
+    let out = safs(["fsck", s(v.vol()), "--data-check"]);
+    out.assert_success("fsck after staging");
+    assert!(!out.stdout.contains("leftover"), "{}", out.stdout);
+}
+
 #[test]
 fn overwrites_truncates_and_removes_leave_no_object_behind() {
     let url = bucket("churn");

@@ -356,6 +356,7 @@ impl Fs {
         }
         if let (Some(r), false) = (&fs.remote, fs.opts.read_only) {
             r.start_deleter(Arc::clone(&fs.store));
+            r.start_stager(Arc::clone(&fs.store), fs.layout.data());
         }
         if !fs.opts.read_only {
             fs.sb.features |= crate::format::superblock::FEATURE_SPILL_PAGES;

@@ -16,6 +16,16 @@
 //!   the map records that name them are applied in one batch with the
 //!   file's size: after a crash the size and the blocks agree. `fsync`
 //!   waits for that batch.
+//! - **While a file is open for writing** a thread (the *stager*) watches
+//!   its backing file grow and sends each full block behind the writer's
+//!   end as an object ahead of time ([`Remote::start_stager`]); the upload
+//!   at close or `fsync` names a staged object instead of sending the
+//!   block again if the block still hashes the same, and queues for
+//!   deletion, in its batch, the staged objects it does not name. A write
+//!   and the upload of what it wrote overlap (with kernel passthrough the
+//!   daemon never sees the writes: the file's size is what it watches).
+//!   A crash leaves staged objects no record names: fsck lists them with
+//!   the other leftovers of cut-short uploads and `--repair` deletes them.
 //! - **A backing file that may hold what the store does not** carries the
 //!   `user.safs.dirty` mark from a writer's open until an upload covers
 //!   every change; the recovery after an unclean stop uploads the marked
@@ -64,6 +74,11 @@ const DELETE_BATCH: usize = 256;
 
 /// Tries of an upload whose map other nodes keep changing.
 const RACES: usize = 8;
+/// How often the stager looks at the files being written.
+const STAGE_EVERY: Duration = Duration::from_millis(20);
+/// Blocks the stager sends per file per look: the file's upload waits
+/// for them (it takes the same stripe lock).
+const STAGE_BATCH: usize = 2 * objstore::PARALLEL;
 
 /// Why an upload runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,24 +145,39 @@ impl Cache {
     }
 }
 
+/// A full block sent by the stager: the object's generation and the hash
+/// of the bytes it holds.
+#[derive(Clone, Copy, Debug)]
+struct Staged {
+    generation: u64,
+    hash: [u8; 16],
+}
+
+type StagedMap = HashMap<u64, BTreeMap<u32, Staged>>;
+
 pub(super) struct Remote {
     store: Arc<objstore::Store>,
     counters: Arc<Counters>,
     cache: Mutex<Cache>,
-    stripes: Box<[Mutex<()>]>,
+    stripes: Arc<[Mutex<()>]>,
     /// Inodes whose backing file is known to hold their contents this
     /// session (fetched, uploaded, or dirty).
     current: Mutex<HashSet<u64>>,
     /// The block maps of open files as this node last read or wrote them
     /// (dropped when another node changes one, and at the last close): a
     /// close need not read the map again, and a new file's is empty.
-    maps: Mutex<HashMap<u64, BTreeMap<u32, BlockRef>>>,
+    maps: Arc<Mutex<HashMap<u64, BTreeMap<u32, BlockRef>>>>,
+    /// Files open for writing, which the stager watches.
+    writing: Arc<Mutex<HashSet<u64>>>,
+    /// Blocks the stager sent that no upload has named (or queued) yet.
+    staged: Arc<Mutex<StagedMap>>,
     /// Writable opens and truncates per inode: an upload clears the dirty
     /// mark only if none came while it ran.
     changes: Mutex<HashMap<u64, u64>>,
     /// Files whose last upload failed: tried again at unmount.
     failed: Mutex<HashSet<u64>>,
     deleter: Mutex<Option<JoinHandle<()>>>,
+    stager: Mutex<Option<JoinHandle<()>>>,
     stop: Arc<(Mutex<bool>, Condvar)>,
 }
 
@@ -191,10 +221,13 @@ impl Remote {
             }),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             current: Mutex::new(HashSet::new()),
-            maps: Mutex::new(HashMap::new()),
+            maps: Arc::default(),
+            writing: Arc::default(),
+            staged: Arc::default(),
             changes: Mutex::new(HashMap::new()),
             failed: Mutex::new(HashSet::new()),
             deleter: Mutex::new(None),
+            stager: Mutex::new(None),
             stop: Arc::new((Mutex::new(false), Condvar::new())),
         })
     }
@@ -237,11 +270,163 @@ impl Remote {
         }
     }
 
-    fn stop_deleter(&self) {
+    /// Starts the stager (see the module comment): every [`STAGE_EVERY`],
+    /// each file open for writing has the full blocks behind its end that
+    /// differ from its map sent ahead, at most [`STAGE_BATCH`] per look.
+    pub(super) fn start_stager(&self, meta: Arc<Store>, data_dir: std::path::PathBuf) {
+        let (store, stop) = (Arc::clone(&self.store), Arc::clone(&self.stop));
+        let (writing, staged) = (Arc::clone(&self.writing), Arc::clone(&self.staged));
+        let (maps, stripes) = (Arc::clone(&self.maps), Arc::clone(&self.stripes));
+        let counters = Arc::clone(&self.counters);
+        let t = std::thread::Builder::new()
+            .name("safs-stager".into())
+            .spawn(move || {
+                loop {
+                    {
+                        let (lock, cv) = &*stop;
+                        let mut s = lock.lock();
+                        if !*s {
+                            cv.wait_for(&mut s, STAGE_EVERY);
+                        }
+                        if *s {
+                            return;
+                        }
+                    }
+                    let files: Vec<u64> = writing.lock().iter().copied().collect();
+                    for ino in files {
+                        let _g = stripes[(ino as usize) % STRIPES].lock();
+                        if !writing.lock().contains(&ino) {
+                            continue;
+                        }
+                        let path = super::data::backing_path(&data_dir, ino);
+                        let sent = stage(&store, &path, ino, &maps, &staged, &counters);
+                        if let Err((e, lost)) = sent {
+                            tracing::debug!(ino, error = %e, "blocks not staged: the upload sends them");
+                            doom(&meta, ino, &lost);
+                        }
+                    }
+                }
+            });
+        match t {
+            Ok(t) => *self.stager.lock() = Some(t),
+            Err(e) => tracing::warn!(error = %e, "cannot start the stager: blocks go up at close"),
+        }
+    }
+
+    fn stop_threads(&self) {
         *self.stop.0.lock() = true;
         self.stop.1.notify_all();
-        if let Some(t) = self.deleter.lock().take() {
+        for t in [self.deleter.lock().take(), self.stager.lock().take()]
+            .into_iter()
+            .flatten()
+        {
             let _ = t.join();
+        }
+    }
+
+    /// The staged blocks of `ino`, no longer the stager's.
+    fn take_staged(&self, ino: u64) -> BTreeMap<u32, Staged> {
+        self.staged.lock().remove(&ino).unwrap_or_default()
+    }
+}
+
+/// One look of the stager at `ino`'s backing file (its stripe held): the
+/// full blocks not staged yet, not zero and not as its map has them, sent
+/// as objects and recorded in `staged`. On a failure, the objects that
+/// may have been stored (to be queued for deletion).
+fn stage(
+    store: &objstore::Store,
+    path: &Path,
+    ino: u64,
+    maps: &Mutex<HashMap<u64, BTreeMap<u32, BlockRef>>>,
+    staged: &Mutex<StagedMap>,
+    counters: &Counters,
+) -> std::result::Result<(), (String, Vec<(u32, u64)>)> {
+    let f = match open_raw(path) {
+        Ok(f) => f,
+        Err(e) => return Err((e.to_string(), Vec::new())),
+    };
+    let len = f.metadata().map_err(|e| (e.to_string(), Vec::new()))?.len();
+    if len <= blocks::INLINE_MAX {
+        return Ok(());
+    }
+    let full = (len / BLOCK) as u32;
+    let mut sent: Vec<(u32, u64, [u8; 16])> = Vec::new();
+    let mut puts = store.puts();
+    let mut buf = vec![0u8; BLOCK as usize];
+    for idx in 0..full {
+        if sent.len() >= STAGE_BATCH {
+            break;
+        }
+        if staged
+            .lock()
+            .get(&ino)
+            .is_some_and(|s| s.contains_key(&idx))
+        {
+            continue;
+        }
+        let n = read_up_to(&f, &mut buf, u64::from(idx) * BLOCK);
+        if n.as_ref().map_or(true, |&n| n < buf.len()) {
+            break;
+        }
+        if buf.iter().all(|&x| x == 0) {
+            continue;
+        }
+        let hash = blocks::hash(&buf);
+        let same = maps
+            .lock()
+            .get(&ino)
+            .and_then(|m| m.get(&idx))
+            .is_some_and(|o| o.hash == hash && u64::from(o.len) == BLOCK && o.has_object());
+        if same {
+            continue;
+        }
+        let generation = new_generation();
+        sent.push((idx, generation, hash));
+        counters.uploaded_blocks.fetch_add(1, Relaxed);
+        counters.uploaded_bytes.fetch_add(BLOCK, Relaxed);
+        let key = blocks::object_key(ino, idx, generation);
+        if let Err(e) = puts.put(key, std::mem::replace(&mut buf, vec![0u8; BLOCK as usize])) {
+            return Err((
+                e.to_string(),
+                sent.iter().map(|&(i, g, _)| (i, g)).collect(),
+            ));
+        }
+    }
+    if let Err(e) = puts.finish() {
+        return Err((
+            e.to_string(),
+            sent.iter().map(|&(i, g, _)| (i, g)).collect(),
+        ));
+    }
+    if !sent.is_empty() {
+        let mut st = staged.lock();
+        let mine = st.entry(ino).or_default();
+        for (idx, generation, hash) in sent {
+            mine.insert(idx, Staged { generation, hash });
+        }
+    }
+    Ok(())
+}
+
+/// Queues objects of `ino` no record names for deletion.
+fn doom(meta: &Store, ino: u64, objects: &[(u32, u64)]) {
+    if objects.is_empty() {
+        return;
+    }
+    let w: Vec<Write> = objects
+        .iter()
+        .map(|&(idx, g)| {
+            let q = keys::doomed(ino, idx, g);
+            (q.to_vec(), Some(blocks::encode_doomed(&q)))
+        })
+        .collect();
+    match meta.lease() {
+        Ok(_lease) => {
+            meta.apply(w);
+        }
+        Err(e) => {
+            tracing::warn!(ino, error = %e, "staged objects not queued for deletion: fsck lists them")
         }
     }
 }
@@ -396,11 +581,17 @@ impl Fs {
             .iter()
             .map(|(idx, _, b)| blocks::object_key(ino, *idx, b.generation))
             .collect();
-        let stored = r.store.get_each(&keys, |i, data| {
-            let (idx, off, b) = &wanted[i];
-            check_block(ino, *idx, b, &data).map_err(std::io::Error::other)?;
-            f.write_all_at(&data, *off)
-        });
+        // Checked and written by the client's threads as they arrive.
+        let (wanted, out) = (Arc::new(wanted), Arc::new(f.try_clone()?));
+        let stored = r.store.get_each(
+            &keys,
+            move |i, data| {
+                let (idx, off, b) = &wanted[i];
+                check_block(ino, *idx, b, &data).map_err(std::io::Error::other)?;
+                out.write_all_at(&data, *off)
+            },
+            |_, ()| Ok(()),
+        );
         match stored {
             Ok(()) => {}
             Err(objstore::GetError::Store(e)) => return Err(CoreError::Store(e)),
@@ -437,6 +628,7 @@ impl Fs {
         *r.changes.lock().entry(ino).or_default() += 1;
         set_xattr(file, DIRTY, b"")?;
         r.current.lock().insert(ino);
+        r.writing.lock().insert(ino);
         Ok(())
     }
 
@@ -450,6 +642,11 @@ impl Fs {
         let Some(r) = &self.remote else {
             return Ok(0);
         };
+        if why == Upload::Close && self.state.lock().writers(ino) <= 1 {
+            // Before the stripe: the stager, which takes it too, then
+            // leaves the file alone.
+            r.writing.lock().remove(&ino);
+        }
         let _g = r.lock(ino).lock();
         r.counters.uploading.fetch_add(1, Relaxed);
         let tried = self.upload_tries(r, ino, why);
@@ -474,6 +671,24 @@ impl Fs {
 
     /// One try of [`Fs::upload`]; `None`: the map changed meanwhile.
     fn upload_once(&self, r: &Remote, ino: u64, why: Upload) -> Result<Option<u64>> {
+        let mut staged = r.take_staged(ino);
+        let named = self.upload_staged(r, ino, why, &mut staged);
+        // What the stager sent that this upload did not name: garbage
+        // (named ones are in the map, or queued by a lost race).
+        let unused: Vec<(u32, u64)> = staged.iter().map(|(&i, s)| (i, s.generation)).collect();
+        doom(&self.store, ino, &unused);
+        named
+    }
+
+    /// [`Fs::upload_once`] given the blocks staged for it: each one it
+    /// names (the block still hashes the same) is taken out of `staged`.
+    fn upload_staged(
+        &self,
+        r: &Remote,
+        ino: u64,
+        why: Upload,
+        staged: &mut BTreeMap<u32, Staged>,
+    ) -> Result<Option<u64>> {
         {
             // Unlinked: nobody can open it again, and its blocks go with it.
             let mut st = self.state.lock();
@@ -561,6 +776,20 @@ impl Fs {
                             data: Some(buf[..n].into()),
                         },
                     );
+                }
+                // Sent ahead by the stager, and still what the block holds.
+                _ if n as u64 == BLOCK && staged.get(&idx).is_some_and(|s| s.hash == hash) => {
+                    let s = staged.remove(&idx).expect("looked up");
+                    map.insert(
+                        idx,
+                        BlockRef {
+                            generation: s.generation,
+                            len: n as u32,
+                            hash,
+                            data: None,
+                        },
+                    );
+                    sent.push((idx, s.generation));
                 }
                 _ => {
                     let generation = new_generation();
@@ -686,7 +915,7 @@ impl Fs {
         let Some(r) = &self.remote else {
             return true;
         };
-        r.stop_deleter();
+        r.stop_threads();
         let failed: Vec<u64> = r.failed.lock().iter().copied().collect();
         let mut all = true;
         for ino in failed {
@@ -930,7 +1159,7 @@ impl Fs {
 
 impl Drop for Remote {
     fn drop(&mut self) {
-        self.stop_deleter();
+        self.stop_threads();
     }
 }
 

@@ -175,16 +175,25 @@ impl Checker<'_> {
         let keys: Vec<String> = present.iter().map(|(k, _)| k.clone()).collect();
         let total = keys.len() as u64;
         let mut damaged = Vec::new();
-        let read = store.get_each(&keys, |i, data| {
-            let n = &present[i].1;
-            if data.len() != n.len as usize || blocks::hash(&data) != n.hash {
-                damaged.push(i);
-            }
-            if i % 64 == 0 {
-                progress("data", i as u64, total);
-            }
-            Ok(())
-        });
+        // Hashed on the client's threads; each verdict comes back here.
+        let expect: Arc<Vec<(u32, [u8; 16])>> =
+            Arc::new(present.iter().map(|(_, n)| (n.len, n.hash)).collect());
+        let read = store.get_each(
+            &keys,
+            move |i, data| {
+                let (len, hash) = expect[i];
+                Ok(data.len() != len as usize || blocks::hash(&data) != hash)
+            },
+            |i, bad| {
+                if bad {
+                    damaged.push(i);
+                }
+                if i % 64 == 0 {
+                    progress("data", i as u64, total);
+                }
+                Ok(())
+            },
+        );
         match read {
             Ok(()) => {}
             Err(objstore::GetError::Store(e)) => return Err(e.into()),

@@ -300,7 +300,7 @@ impl DataStore {
     }
 }
 
-fn backing_path(root: &Path, ino: u64) -> PathBuf {
+pub(crate) fn backing_path(root: &Path, ino: u64) -> PathBuf {
     root.join(format!("{:02x}", ino & 0xff))
         .join(format!("{ino:016x}"))
 }
