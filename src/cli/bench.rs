@@ -10,7 +10,8 @@ use safs_bench::config::{self, Scale, TargetSpec, Test};
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// Create the comparison set first — a safs volume and mount, ext4 and
-    /// xfs loop images, a tmpfs — and tear it down afterwards (root).
+    /// xfs loop images, a tmpfs — and tear it down afterwards (root); the
+    /// object-store pair (safs-s3, juicefs) only when named in --targets.
     #[arg(long)]
     pub setup: bool,
     /// Workload sizes: small (minutes) or full (the published sizes).

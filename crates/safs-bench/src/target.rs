@@ -17,6 +17,11 @@
 //!   includes reading the metadata engine from disk. If the unmount is refused (the mount is
 //!   busy, e.g. someone's shell sits in it), the daemon is asked to
 //!   `drop-caches` instead and the run says so.
+//! - safs whose contents are in an object store (`safs-s3`): the same,
+//!   and the node's cache (the volume's `data/`) emptied while unmounted,
+//!   so that contents come from the store;
+//! - JuiceFS made by `--setup`: unmount, wait for its daemon to exit, its
+//!   cache directory removed, drop caches, mount again;
 //! - gocryptfs made by `--setup` (the bench holds its passphrase file):
 //!   the same as safs — unmount, wait for its daemon to exit, drop caches,
 //!   mount again (scrypt unlock) — so both FUSE daemons start cold. A
@@ -41,6 +46,19 @@ pub struct SafsMount {
     pub mountpoint: PathBuf,
     /// `-o` options to mount it again with.
     pub options: Vec<String>,
+    /// Environment of `safs mount` (an object store's credentials).
+    pub env: Vec<(String, String)>,
+    /// Contents in an object store: a cold phase also throws the node's
+    /// cache (the volume's `data/`) away.
+    pub store: bool,
+}
+
+/// A JuiceFS mount the bench can restart.
+#[derive(Clone, Debug)]
+pub struct JuicefsMount {
+    pub meta: String,
+    pub mountpoint: PathBuf,
+    pub cache_dir: PathBuf,
 }
 
 /// A gocryptfs mount the bench can restart.
@@ -58,6 +76,7 @@ pub struct Target {
     pub mount: MountEntry,
     pub safs: Option<SafsMount>,
     pub gocryptfs: Option<GocryptfsMount>,
+    pub juicefs: Option<JuicefsMount>,
     about: Option<String>,
     /// How cold phases are made cold (for results.json), updated if the
     /// remount ever has to fall back.
@@ -110,10 +129,16 @@ impl Target {
             {
                 options.push("allow_other".into());
             }
+            let env = match &spec.remount {
+                Remount::SafsStore { env } => env.clone(),
+                _ => Vec::new(),
+            };
             SafsMount {
                 volume: mount.source.clone(),
                 mountpoint: mount.mountpoint.clone(),
                 options,
+                store: matches!(spec.remount, Remount::SafsStore { .. }),
+                env,
             }
         });
         let gocryptfs = match &spec.remount {
@@ -127,8 +152,23 @@ impl Target {
             }),
             _ => None,
         };
-        let cold = if safs.is_some() {
+        let juicefs = match &spec.remount {
+            Remount::Juicefs { meta, cache_dir } if mount.fstype == "fuse.juicefs" => {
+                Some(JuicefsMount {
+                    meta: meta.clone(),
+                    mountpoint: mount.mountpoint.clone(),
+                    cache_dir: cache_dir.clone(),
+                })
+            }
+            _ => None,
+        };
+        let cold = if safs.as_ref().is_some_and(|s| s.store) {
+            "unmount, node's cache (data/) emptied, sync, drop_caches, mount (daemon restarted), \
+             drop_caches"
+        } else if safs.is_some() {
             "unmount, sync, drop_caches, mount (daemon restarted), drop_caches"
+        } else if juicefs.is_some() {
+            "unmount, cache directory emptied, sync, drop_caches, mount (daemon restarted)"
         } else if gocryptfs.is_some() {
             "unmount, sync, drop_caches, mount (daemon restarted)"
         } else if mount.fstype.starts_with("fuse") {
@@ -142,6 +182,7 @@ impl Target {
             mount,
             safs,
             gocryptfs,
+            juicefs,
             about: spec.about.clone(),
             cold: RefCell::new(cold.to_string()),
             cold_spent: Cell::new((0, 0.0)),
@@ -222,6 +263,9 @@ impl Target {
             match unmount_with_retry(&s.mountpoint, Duration::from_secs(3)) {
                 Ok(()) => {
                     wait_unlocked(&s.volume, Duration::from_secs(120))?;
+                    if s.store {
+                        empty_files_under(&s.volume.join("data"))?;
+                    }
                     drop_kernel_caches()?;
                     mount_safs(env.safs_exe, s)?;
                     // The mount's structure check read the engine's tree.
@@ -238,6 +282,27 @@ impl Target {
                     *self.cold.borrow_mut() =
                         "sync, drop_caches, daemon drop-caches (unmount refused)".into();
                     warning = Some(w);
+                }
+            }
+        }
+        if let Some(j) = &self.juicefs {
+            match unmount_with_retry(&j.mountpoint, Duration::from_secs(3)) {
+                Ok(()) => {
+                    wait_juicefs_exit(&j.mountpoint, Duration::from_secs(30))?;
+                    if j.cache_dir.exists() {
+                        std::fs::remove_dir_all(&j.cache_dir)
+                            .with_context(|| format!("cannot empty {}", j.cache_dir.display()))?;
+                    }
+                    drop_kernel_caches()?;
+                    mount_juicefs(j)?;
+                    return Ok(None);
+                }
+                Err(e) => {
+                    *self.cold.borrow_mut() = "sync, drop_caches (unmount refused)".into();
+                    warning = Some(format!(
+                        "target {}: could not unmount for a cold phase ({e}); dropped the kernel's caches only",
+                        self.label
+                    ));
                 }
             }
         }
@@ -301,9 +366,77 @@ pub fn wait_unlocked(volume: &Path, patience: Duration) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Removes every regular file under `dir` (two levels: the layout of a
+/// volume's `data/`), keeping the directories.
+fn empty_files_under(dir: &Path) -> anyhow::Result<()> {
+    let cannot = |p: &Path| format!("cannot empty {}", p.display());
+    for d in std::fs::read_dir(dir).with_context(|| cannot(dir))? {
+        let d = d.with_context(|| cannot(dir))?.path();
+        if !d.is_dir() {
+            continue;
+        }
+        for f in std::fs::read_dir(&d).with_context(|| cannot(&d))? {
+            let f = f.with_context(|| cannot(&d))?.path();
+            std::fs::remove_file(&f).with_context(|| cannot(&f))?;
+        }
+    }
+    Ok(())
+}
+
+/// `juicefs mount -d META MOUNTPOINT --enable-xattr --cache-dir DIR` (its
+/// defaults otherwise), which returns once the mount is live.
+pub fn mount_juicefs(j: &JuicefsMount) -> anyhow::Result<()> {
+    let out = Command::new("juicefs")
+        .args(["mount", "-d", &j.meta])
+        .arg(&j.mountpoint)
+        .arg("--enable-xattr")
+        .arg("--cache-dir")
+        .arg(&j.cache_dir)
+        .output()
+        .context("cannot run juicefs")?;
+    if !out.status.success() {
+        bail!(
+            "juicefs mount {} failed ({}): {}",
+            j.mountpoint.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Waits until no JuiceFS process serves `mountpoint` (its command line
+/// names it).
+pub fn wait_juicefs_exit(mountpoint: &Path, patience: Duration) -> anyhow::Result<()> {
+    let want = mountpoint.as_os_str().as_encoded_bytes();
+    let serving = || {
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                let mut args = cmd.split(|&b| b == 0);
+                args.next().is_some_and(|a0| a0.ends_with(b"juicefs")) && args.any(|a| a == want)
+            })
+    };
+    let start = Instant::now();
+    while serving() {
+        if start.elapsed() > patience {
+            bail!(
+                "the juicefs daemon of {} did not exit within {patience:?} of the unmount",
+                mountpoint.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
 /// `safs mount VOLUME MOUNTPOINT -o …`, which returns once the mount is live.
 pub fn mount_safs(safs_exe: &Path, s: &SafsMount) -> anyhow::Result<()> {
     let mut cmd = Command::new(safs_exe);
+    cmd.envs(s.env.iter().map(|(k, v)| (k, v)));
     cmd.arg("mount").arg(&s.volume).arg(&s.mountpoint);
     if !s.options.is_empty() {
         cmd.arg("-o").arg(s.options.join(","));

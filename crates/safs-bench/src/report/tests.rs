@@ -541,3 +541,64 @@ fn iops_and_throughput_are_better_higher() {
         None
     );
 }
+
+#[test]
+fn safs_s3_is_held_to_juicefs() {
+    let mut r = results();
+    r.targets = ["safs-s3", "juicefs", "ext4"]
+        .map(|l| target(l, l == "safs-s3"))
+        .into();
+    r.tests = vec![Test::T1, Test::T5, Test::T6, Test::T9];
+    let mut ms = Vec::new();
+    let mut put = |test, case: &str, param, unit, s3: f64, jfs: f64| {
+        ms.push(row(test, "safs-s3", case, param, unit, Some(s3)));
+        ms.push(row(test, "juicefs", case, param, unit, Some(jfs)));
+        ms.push(row(test, "ext4", case, param, unit, Some(s3)));
+    };
+    put(
+        Test::T9,
+        crate::t9::WRITE,
+        None,
+        Unit::MbPerSec,
+        290.0,
+        280.0,
+    );
+    put(
+        Test::T9,
+        crate::t9::READ,
+        None,
+        Unit::MbPerSec,
+        300.0,
+        450.0,
+    );
+    put(
+        Test::T9,
+        crate::t9::READ_HOT,
+        None,
+        Unit::MbPerSec,
+        20_000.0,
+        5_000.0,
+    );
+    put(Test::T6, "create+write", None, Unit::UsPerOp, 400.0, 5000.0);
+    put(Test::T6, "read cold", None, Unit::UsPerOp, 600.0, 1000.0);
+    put(Test::T1, "get hot", Some(32), Unit::UsPerOp, 30.0, 300.0);
+    put(Test::T1, "get cold", Some(32), Unit::UsPerOp, 90.0, 500.0);
+    put(Test::T5, "create", Some(1000), Unit::UsPerOp, 200.0, 1200.0);
+    r.measurements = ms;
+    let v = |w| verdict(&r, "safs-s3", w);
+    assert_eq!(v("T9: sequential write").verdict, Verdict::Met);
+    assert_eq!(v("T9: sequential write").measured, "1.04× juicefs");
+    assert_eq!(v("T9: sequential read cold").verdict, Verdict::Missed);
+    assert_eq!(v("T9: sequential read hot").verdict, Verdict::Met);
+    assert_eq!(v("T6: 4 KiB files, create+write").verdict, Verdict::Met);
+    assert_eq!(v("T6: 4 KiB files, read cold").verdict, Verdict::Missed);
+    let t1 = v("T1: every row");
+    assert_eq!(
+        (t1.verdict, t1.measured.as_str()),
+        (Verdict::Met, "worst 5.6× (get cold 32)")
+    );
+    assert_eq!(v("T5: every row").verdict, Verdict::Met);
+    // Without JuiceFS in the run, nothing is said.
+    r.targets.retain(|t| t.label != "juicefs");
+    assert!(checks(&r).iter().all(|c| !c.what.contains("juicefs")));
+}

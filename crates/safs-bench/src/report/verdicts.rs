@@ -340,6 +340,7 @@ pub fn checks(r: &Results) -> Vec<Check> {
         }
     }
     out.extend(super::encrypted::checks(r));
+    out.extend(beside_juicefs(r));
     // Each target's checks together, in the targets' order (stable).
     out.sort_by_key(|c| r.targets.iter().position(|t| t.label == c.target));
     out
@@ -365,4 +366,80 @@ fn flat(tb: &Table<'_>, test: Test, l: &str, add: &mut dyn FnMut(&str, String, V
             );
         }
     }
+}
+
+/// `safs-s3` beside `juicefs` (same PostgreSQL cluster, same radosgw), as
+/// docs/object-store.md sets the targets: T9's sequential write and cold
+/// read at least JuiceFS's and its hot read ≥ 0.8× the baseline's; T6's
+/// small files (create+write, read cold) ≥ 2× JuiceFS's rate; every row of
+/// T1 and T5 ≥ 5× (the worst row is shown).
+fn beside_juicefs(r: &Results) -> Vec<Check> {
+    const S3: &str = "safs-s3";
+    const J: &str = "juicefs";
+    let mut out = Vec::new();
+    let has = |l: &str| r.targets.iter().any(|t| t.label == l);
+    if !has(S3) || !has(J) {
+        return out;
+    }
+    let mut add = |what: String, measured: String, verdict: Verdict| {
+        out.push(Check {
+            target: S3.into(),
+            what,
+            measured,
+            verdict,
+        });
+    };
+    // MB/s: higher is better.
+    let t9 = table(r, Test::T9);
+    for (case, what) in [
+        (crate::t9::WRITE, "T9: sequential write + fsync ≥ juicefs's"),
+        (crate::t9::READ, "T9: sequential read cold ≥ juicefs's"),
+    ] {
+        match ratio(t9.best(case, None, S3), t9.best(case, None, J)) {
+            Some(q) => add(what.into(), format!("{q:.2}× {J}"), Verdict::of(q >= 1.0)),
+            None => add(what.into(), "n/a".into(), Verdict::Missed),
+        }
+    }
+    let base = r.baseline.as_str();
+    if has(base) {
+        let what = format!("T9: sequential read hot ≥ 0.8× {base}'s");
+        match ratio(
+            t9.best(crate::t9::READ_HOT, None, S3),
+            t9.best(crate::t9::READ_HOT, None, base),
+        ) {
+            Some(q) => add(what, format!("{q:.2}× {base}"), Verdict::of(q >= 0.8)),
+            None => add(what, "n/a".into(), Verdict::Missed),
+        }
+    }
+    // µs per operation: JuiceFS's over safs-s3's is how many times faster.
+    let t6 = table(r, Test::T6);
+    for case in ["create+write", "read cold"] {
+        let what = format!("T6: 4 KiB files, {case} ≥ 2× juicefs's rate");
+        match ratio(t6.best(case, None, J), t6.best(case, None, S3)) {
+            Some(q) => add(what, format!("{q:.1}×"), Verdict::of(q >= 2.0)),
+            None => add(what, "n/a".into(), Verdict::Missed),
+        }
+    }
+    for test in [Test::T1, Test::T5] {
+        let tb = table(r, test);
+        let worst = tb
+            .rows
+            .iter()
+            .filter_map(|(case, p)| {
+                let q = ratio(tb.best(case, *p, J), tb.best(case, *p, S3))?;
+                let at = p.map(|n| format!(" {n}")).unwrap_or_default();
+                Some((q, format!("{case}{at}")))
+            })
+            .min_by(|a, b| a.0.total_cmp(&b.0));
+        let what = format!("{test}: every row ≥ 5× juicefs's rate");
+        match worst {
+            Some((q, row)) => add(
+                what,
+                format!("worst {q:.1}× ({row})"),
+                Verdict::of(q >= 5.0),
+            ),
+            None => add(what, "n/a".into(), Verdict::Missed),
+        }
+    }
+    out
 }
