@@ -754,10 +754,37 @@ fn a_store_that_goes_away_fails_fsync_with_eio_and_heals_without_a_remount() {
     assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
     assert!(t.elapsed() < Duration::from_secs(60), "{:?}", t.elapsed());
     drop(f);
+    // Closed, never synced: its upload at the close fails.
+    let closed = pattern(12, 200_000);
+    fs::write(node.path("closed"), &closed).unwrap();
     // What is cached reads on.
     assert_eq!(fs::read(node.path("before")).unwrap(), before);
 
     own.start_gateway().unwrap();
+    // The closed file goes up by itself once the store is back: no fsync,
+    // no remount.
+    let env = [
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+        ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+        ("AWS_ENDPOINT_URL", own.endpoint()),
+        ("AWS_REGION", "us-east-1"),
+    ];
+    let lookup = move |k: &str| {
+        env.iter()
+            .find(|(ek, _)| *ek == k)
+            .map(|(_, v)| v.to_string())
+    };
+    let config = StoreConfig::resolve("s3://faults/v", &lookup, None).unwrap();
+    let store = Store::new(config, Limits::default()).unwrap();
+    let ino = std::os::unix::fs::MetadataExt::ino(&fs::metadata(node.path("closed")).unwrap());
+    let mine = format!("b/{:02x}/{ino:016x}/", ino & 0xff);
+    assert!(
+        wait_until(Duration::from_secs(30), || objects(&store)
+            .iter()
+            .any(|(k, _)| k.starts_with(&mine))),
+        "the closed file's upload was not retried: {:?}",
+        objects(&store)
+    );
     let f = OpenOptions::new()
         .append(true)
         .open(node.path("during"))
@@ -772,6 +799,7 @@ fn a_store_that_goes_away_fails_fsync_with_eio_and_heals_without_a_remount() {
     let mut want = during;
     want.extend_from_slice(b", and after");
     assert_eq!(fs::read(node.path("during")).unwrap(), want);
+    assert_eq!(fs::read(node.path("closed")).unwrap(), closed);
     node.unmount();
 }
 

@@ -1008,6 +1008,35 @@ impl Fs {
         }
     }
 
+    /// Closed files whose upload failed (the store unreachable then), tried
+    /// again in turn until one fails (the store is still away: the rest
+    /// wait for the next round); how many went up. A daemon's retrier
+    /// calls it every few seconds, so that the store coming back heals
+    /// them without an `fsync` or a remount; the unmount tries the rest.
+    pub fn retry_failed_uploads(&self) -> usize {
+        let Some(r) = &self.remote else {
+            return 0;
+        };
+        if self.closed.load(Relaxed) {
+            return 0;
+        }
+        let failed: Vec<u64> = r.failed.lock().iter().copied().collect();
+        let mut done = 0;
+        for ino in failed {
+            match self.upload(ino, Upload::Sync) {
+                Ok(_) => done += 1,
+                Err(e) => {
+                    tracing::debug!(ino, error = %e, "upload still failing: tried again later");
+                    break;
+                }
+            }
+        }
+        if done > 0 {
+            tracing::info!(files = done, "uploads that had failed went up");
+        }
+        done
+    }
+
     /// The store's URL, on volumes whose contents are in one.
     pub fn data_store(&self) -> Option<String> {
         self.remote.as_ref().map(|r| r.url())

@@ -50,6 +50,10 @@ pub const SHARED_TTL: Duration = Duration::from_secs(10);
 /// drops its process's locks (see `locks`).
 const FILE_OPEN_FLAGS: u32 = abi::FOPEN_NOFLUSH;
 
+/// How often closed files whose upload to the object store failed are
+/// tried again.
+const RETRY_UPLOADS_EVERY: Duration = Duration::from_secs(5);
+
 /// How file data moves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DataPath {
@@ -168,6 +172,22 @@ impl SafsFuse {
         }
         if self.fs.keeps_locks() {
             let _ = self.locks.set(locks::Locks::start(Arc::clone(&self.fs))?);
+        }
+        if self.fs.data_store().is_some() && !self.fs.is_read_only() {
+            // Closed files whose upload failed go up once the store is back
+            // (a weak reference: the session's end drops the filesystem).
+            let fs = Arc::downgrade(&self.fs);
+            std::thread::Builder::new()
+                .name("safs-retry".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(RETRY_UPLOADS_EVERY);
+                        let Some(fs) = fs.upgrade() else {
+                            return;
+                        };
+                        fs.retry_failed_uploads();
+                    }
+                })?;
         }
         let _ = self.conn.set((conn, notifier));
         Ok(())
