@@ -619,10 +619,9 @@ impl Fs {
             }
         }
         let mut stray = 0;
-        for i in 0..256 {
-            let dir = self.layout.data().join(format!("{i:02x}"));
+        for (i, dir) in self.layout.backing_dirs() {
             for e in std::fs::read_dir(&dir)?.flatten() {
-                let owner = u64::from_str_radix(&e.file_name().to_string_lossy(), 16).ok();
+                let owner = volume::backing_ino(&e.file_name(), i);
                 let live = match owner {
                     Some(ino) => self.load_opt(st, ino)?.is_some_and(|c| c.inode.is_reg()),
                     None => false,

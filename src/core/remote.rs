@@ -49,7 +49,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -76,9 +76,10 @@ const DELETE_BATCH: usize = 256;
 const RACES: usize = 8;
 /// How often the stager looks at the files being written.
 const STAGE_EVERY: Duration = Duration::from_millis(20);
-/// Blocks the stager sends per file per look: the file's upload waits
-/// for them (it takes the same stripe lock).
+/// Blocks the stager sends per file per look.
 const STAGE_BATCH: usize = 2 * objstore::PARALLEL;
+/// How long the stager leaves the store alone after a failed request.
+const STAGE_PAUSE: Duration = Duration::from_secs(5);
 
 /// Why an upload runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -281,6 +282,7 @@ impl Remote {
         let t = std::thread::Builder::new()
             .name("safs-stager".into())
             .spawn(move || {
+                let mut pause_until: Option<Instant> = None;
                 loop {
                     {
                         let (lock, cv) = &*stop;
@@ -292,17 +294,41 @@ impl Remote {
                             return;
                         }
                     }
+                    if pause_until.is_some_and(|t| Instant::now() < t) {
+                        continue;
+                    }
                     let files: Vec<u64> = writing.lock().iter().copied().collect();
                     for ino in files {
-                        let _g = stripes[(ino as usize) % STRIPES].lock();
-                        if !writing.lock().contains(&ino) {
-                            continue;
-                        }
                         let path = super::data::backing_path(&data_dir, ino);
-                        let sent = stage(&store, &path, ino, &maps, &staged, &counters);
-                        if let Err((e, lost)) = sent {
-                            tracing::debug!(ino, error = %e, "blocks not staged: the upload sends them");
-                            doom(&meta, ino, &lost);
+                        // Sent without the file's stripe: its close or
+                        // fsync never waits for the store on the stager's
+                        // behalf.
+                        match stage(&store, &path, ino, &maps, &staged, &counters) {
+                            Ok(sent) if sent.is_empty() => {}
+                            Ok(sent) => {
+                                // Under the stripe, as the uploads take
+                                // them: a file closed meanwhile had its
+                                // upload, and these go.
+                                let _g = stripes[(ino as usize) % STRIPES].lock();
+                                if writing.lock().contains(&ino) {
+                                    let mut st = staged.lock();
+                                    let mine = st.entry(ino).or_default();
+                                    for (idx, generation, hash) in sent {
+                                        mine.insert(idx, Staged { generation, hash });
+                                    }
+                                } else {
+                                    let gone: Vec<(u32, u64)> =
+                                        sent.iter().map(|&(i, g, _)| (i, g)).collect();
+                                    doom(&meta, ino, &gone);
+                                }
+                            }
+                            Err((e, lost)) => {
+                                tracing::debug!(ino, error = %e, "blocks not staged: the upload sends them");
+                                doom(&meta, ino, &lost);
+                                // The store away: not asked again for a while.
+                                pause_until = Some(Instant::now() + STAGE_PAUSE);
+                                break;
+                            }
                         }
                     }
                 }
@@ -330,10 +356,11 @@ impl Remote {
     }
 }
 
-/// One look of the stager at `ino`'s backing file (its stripe held): the
-/// full blocks not staged yet, not zero and not as its map has them, sent
-/// as objects and recorded in `staged`. On a failure, the objects that
-/// may have been stored (to be queued for deletion).
+/// One look of the stager at `ino`'s backing file: the full blocks not
+/// staged yet, not zero and not as its map has them, sent as objects;
+/// `(block, generation, hash)` of each. On a failure, the objects that may
+/// have been stored (to be queued for deletion).
+#[allow(clippy::type_complexity)]
 fn stage(
     store: &objstore::Store,
     path: &Path,
@@ -341,14 +368,14 @@ fn stage(
     maps: &Mutex<HashMap<u64, BTreeMap<u32, BlockRef>>>,
     staged: &Mutex<StagedMap>,
     counters: &Counters,
-) -> std::result::Result<(), (String, Vec<(u32, u64)>)> {
+) -> std::result::Result<Vec<(u32, u64, [u8; 16])>, (String, Vec<(u32, u64)>)> {
     let f = match open_raw(path) {
         Ok(f) => f,
         Err(e) => return Err((e.to_string(), Vec::new())),
     };
     let len = f.metadata().map_err(|e| (e.to_string(), Vec::new()))?.len();
     if len <= blocks::INLINE_MAX {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let full = (len / BLOCK) as u32;
     let mut sent: Vec<(u32, u64, [u8; 16])> = Vec::new();
@@ -399,14 +426,19 @@ fn stage(
             sent.iter().map(|&(i, g, _)| (i, g)).collect(),
         ));
     }
-    if !sent.is_empty() {
-        let mut st = staged.lock();
-        let mine = st.entry(ino).or_default();
-        for (idx, generation, hash) in sent {
-            mine.insert(idx, Staged { generation, hash });
-        }
-    }
-    Ok(())
+    Ok(sent)
+}
+
+/// The `Q` records that queue objects `(block, generation)` of `ino` for
+/// deletion.
+fn doomed_writes(ino: u64, objects: &[(u32, u64)]) -> Vec<Write> {
+    objects
+        .iter()
+        .map(|&(idx, g)| {
+            let q = keys::doomed(ino, idx, g);
+            (q.to_vec(), Some(blocks::encode_doomed(&q)))
+        })
+        .collect()
 }
 
 /// Queues objects of `ino` no record names for deletion.
@@ -414,16 +446,9 @@ fn doom(meta: &Store, ino: u64, objects: &[(u32, u64)]) {
     if objects.is_empty() {
         return;
     }
-    let w: Vec<Write> = objects
-        .iter()
-        .map(|&(idx, g)| {
-            let q = keys::doomed(ino, idx, g);
-            (q.to_vec(), Some(blocks::encode_doomed(&q)))
-        })
-        .collect();
     match meta.lease() {
         Ok(_lease) => {
-            meta.apply(w);
+            meta.apply(doomed_writes(ino, objects));
         }
         Err(e) => {
             tracing::warn!(ino, error = %e, "staged objects not queued for deletion: fsck lists them")
@@ -852,22 +877,19 @@ impl Fs {
             if !unchanged {
                 // Another node's upload came first: ours is built again on
                 // its map, and the objects sent for this one go.
-                let doomed: Vec<Write> = sent
-                    .iter()
-                    .map(|&(idx, g)| {
-                        let q = keys::doomed(ino, idx, g);
-                        (q.to_vec(), Some(blocks::encode_doomed(&q)))
-                    })
-                    .collect();
-                if !doomed.is_empty() {
-                    self.store.apply(doomed);
+                if !sent.is_empty() {
+                    self.store.apply(doomed_writes(ino, &sent));
                 }
                 return Ok(None);
             }
             let mut st = self.state.lock();
             let Some(c) = self.load_opt(&mut st, ino)? else {
-                // Freed meanwhile: its records went with it (and the
-                // objects just sent are left to fsck).
+                // Freed meanwhile: its records went with it, and the
+                // objects just sent go too.
+                drop(st);
+                if !sent.is_empty() {
+                    self.store.apply(doomed_writes(ino, &sent));
+                }
                 return Ok(Some(0));
             };
             let mut inode = c.inode.clone();
@@ -939,10 +961,9 @@ impl Fs {
         };
         let mut done = 0;
         let mut cached = Vec::new();
-        for i in 0..256 {
-            let dir = self.layout.data().join(format!("{i:02x}"));
+        for (i, dir) in self.layout.backing_dirs() {
             for e in std::fs::read_dir(&dir)?.flatten() {
-                let Ok(ino) = u64::from_str_radix(&e.file_name().to_string_lossy(), 16) else {
+                let Some(ino) = super::volume::backing_ino(&e.file_name(), i) else {
                     continue;
                 };
                 if marked_dirty(&e.path())? {

@@ -160,8 +160,7 @@ fn each(
 /// Backing files: named `xx/<ino as 16 hex digits>` (`xx` its low byte)
 /// for an inode that has a record, a length some file of blocks has.
 fn backing_files(s: &mut Structure, layout: &Layout, blocks: BlockLayout, inodes: &BTreeSet<u64>) {
-    for i in 0..256u64 {
-        let dir = layout.data().join(format!("{i:02x}"));
+    for (i, dir) in layout.backing_dirs() {
         let rd = match std::fs::read_dir(&dir) {
             Ok(rd) => rd,
             Err(e) => {
@@ -171,12 +170,7 @@ fn backing_files(s: &mut Structure, layout: &Layout, blocks: BlockLayout, inodes
         };
         for e in rd.flatten() {
             let path = e.path();
-            let name = e.file_name();
-            let ino = Some(name.to_string_lossy())
-                .filter(|n| n.len() == 16)
-                .and_then(|n| u64::from_str_radix(&n, 16).ok())
-                .filter(|ino| ino & 0xff == i);
-            let Some(ino) = ino else {
+            let Some(ino) = crate::core::volume::backing_ino(&e.file_name(), i) else {
                 s.find(format!(
                     "backing file {} is not named for an inode of its directory",
                     path.display()

@@ -224,13 +224,11 @@ impl Checker<'_> {
     }
 
     pub(super) fn sweep_backing(&mut self) -> Result<()> {
-        let data = self.layout.data();
         // The pool makes backing files ahead for the next inode numbers: a
         // crash leaves them, one line says so.
         let ahead_from = self.next_ino_floor();
         let mut ahead = 0u64;
-        for i in 0..256u32 {
-            let dir = data.join(format!("{i:02x}"));
+        for (i, dir) in self.layout.backing_dirs() {
             let Ok(rd) = std::fs::read_dir(&dir) else {
                 self.find(format!("backing directory {} missing", dir.display()), true);
                 if self.repair {
@@ -239,8 +237,7 @@ impl Checker<'_> {
                 continue;
             };
             for e in rd.flatten() {
-                let name = e.file_name();
-                let ino = u64::from_str_radix(&name.to_string_lossy(), 16).ok();
+                let ino = crate::core::volume::backing_ino(&e.file_name(), i);
                 let owned = ino
                     .and_then(|i| self.inodes.get(&i))
                     .is_some_and(|i| i.inode.is_reg());

@@ -336,10 +336,9 @@ pub fn to_object_store(dir: &Path, url: &str) -> Result<u64, VolumeError> {
         .put(super::VOLUME_OBJECT, id.into_bytes())
         .map_err(VolumeError::Store)?;
     let mut marked = 0;
-    for i in 0..256 {
-        let sub = layout.data().join(format!("{i:02x}"));
+    for (i, sub) in layout.backing_dirs() {
         for e in fs::read_dir(&sub).map_err(io_err(&sub))?.flatten() {
-            let Ok(ino) = u64::from_str_radix(&e.file_name().to_string_lossy(), 16) else {
+            let Some(ino) = super::backing_ino(&e.file_name(), i) else {
                 continue;
             };
             // The pool's made-ahead files belong to no inode yet.

@@ -118,6 +118,16 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> VolumeError + '_ {
     }
 }
 
+/// The inode a backing file's name in directory `dir` of `data/` stands
+/// for: 16 hex digits whose low byte is `dir`'s number; `None` for a name
+/// safs never makes.
+pub fn backing_ino(name: &std::ffi::OsStr, dir: u8) -> Option<u64> {
+    let name = name.to_str().filter(|n| n.len() == 16)?;
+    u64::from_str_radix(name, 16)
+        .ok()
+        .filter(|ino| ino & 0xff == u64::from(dir))
+}
+
 pub struct Layout {
     pub root: PathBuf,
 }
@@ -133,6 +143,12 @@ impl Layout {
     }
     pub fn data(&self) -> PathBuf {
         self.root.join("data")
+    }
+    /// The 256 directories of `data/` (`00` … `ff`), each with its number:
+    /// a backing file lives in the one its inode's low byte names.
+    pub fn backing_dirs(&self) -> impl Iterator<Item = (u8, PathBuf)> + use<> {
+        let data = self.data();
+        (0..=255u8).map(move |i| (i, data.join(format!("{i:02x}"))))
     }
     pub fn lock(&self) -> PathBuf {
         self.root.join("lock")
