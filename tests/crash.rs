@@ -19,7 +19,7 @@
 //! for it and goes on, and nothing it acknowledged is lost.
 //! `SAFS_CRASH_LOOPS=N` sets the number of loops (default 6 here; the
 //! long run in docs/testing.md uses 200). `SAFS_CRASH_SEED` replays one seed's
-//! workload. `SAFS_CRASH_VERBOSE=1` prints
+//! workload, `SAFS_CRASH_KIND=K` (0–5) runs every loop on one kind of volume. `SAFS_CRASH_VERBOSE=1` prints
 //! refused operations.
 
 mod model;
@@ -89,17 +89,20 @@ fn one_loop(seed: u64, base: &Path, data_path: &str, kind: Volume) {
         None => data_path.to_string(),
     };
     let data_path = data_path.as_str();
+    let mount = || {
+        run_ok(safs().args([
+            "mount",
+            vol.to_str().unwrap(),
+            mnt.to_str().unwrap(),
+            "-o",
+            data_path,
+        ]))
+    };
     let guard = Mounted {
         mnt: mnt.clone(),
         vol: vol.clone(),
     };
-    run_ok(safs().args([
-        "mount",
-        vol.to_str().unwrap(),
-        mnt.to_str().unwrap(),
-        "-o",
-        data_path,
-    ]));
+    mount();
     let mut model = Model::new();
     for d in ["a", "b", "c"] {
         std::fs::create_dir(mnt.join(d)).unwrap();
@@ -163,13 +166,7 @@ fn one_loop(seed: u64, base: &Path, data_path: &str, kind: Volume) {
     // What a boot's fsck pass sees: the leftovers of a crash are no errors.
     fsck_clean(seed, "fsck before the remount", &vol, enc.as_ref());
 
-    run_ok(safs().args([
-        "mount",
-        vol.to_str().unwrap(),
-        mnt.to_str().unwrap(),
-        "-o",
-        data_path,
-    ]));
+    mount();
     let got = read_tree(&mnt);
     let (got_meta, got_groups) = got.meta();
     let candidates = &snapshots[durable..];
@@ -267,13 +264,7 @@ fn one_loop(seed: u64, base: &Path, data_path: &str, kind: Volume) {
         // What the recovery uploaded is in the store: the same tree read
         // back with nothing cached.
         store::lose_cache(&vol);
-        run_ok(safs().args([
-            "mount",
-            vol.to_str().unwrap(),
-            mnt.to_str().unwrap(),
-            "-o",
-            data_path,
-        ]));
+        mount();
         let again = read_tree(&mnt);
         unmount(&mnt);
         wait_unlocked(&vol);
@@ -503,7 +494,12 @@ fn kill_9_at_random_moments_loses_nothing_acknowledged() {
         // Both data paths (kernel passthrough, daemon-side I/O) and an
         // encrypted volume (sealed blocks through the daemon, the
         // directory cache on).
-        let (data_path, kind) = match i % 6 {
+        // SAFS_CRASH_KIND=N runs every loop on the N-th kind below.
+        let at = std::env::var("SAFS_CRASH_KIND")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(i);
+        let (data_path, kind) = match at % 6 {
             0 => ("passthrough", Volume::Plain),
             1 => ("nopassthrough", Volume::Plain),
             2 => ("dircache=1", Volume::Encrypted),

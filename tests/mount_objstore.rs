@@ -442,15 +442,24 @@ impl Drop for Node {
     }
 }
 
-#[test]
-fn two_nodes_share_nothing_but_the_database_and_the_store() {
-    let url = bucket("nodes");
+/// A volume for several nodes: a private cluster in a temporary directory
+/// and a new bucket, formatted in the directory's `node-a`; the directory,
+/// the cluster (dropped after the directory's mounts) and the conninfo.
+fn shared_volume(name: &str) -> (tempfile::TempDir, TempCluster, String) {
+    let url = bucket(name);
     let dir = tempfile::tempdir().unwrap();
     let cluster = TempCluster::start(dir.path()).unwrap();
     cluster.create_database("vol").unwrap();
     let conninfo = cluster.conninfo("vol");
-    let (va, vb) = (dir.path().join("node-a"), dir.path().join("node-b"));
+    let va = dir.path().join("node-a");
     safs(["format", s(&va), "--meta", &conninfo, "--data", &url]).assert_success("format");
+    (dir, cluster, conninfo)
+}
+
+#[test]
+fn two_nodes_share_nothing_but_the_database_and_the_store() {
+    let (dir, cluster, conninfo) = shared_volume("nodes");
+    let (va, vb) = (dir.path().join("node-a"), dir.path().join("node-b"));
     // A node's side of a volume that keeps its contents locally cannot be
     // made, and a non-empty directory is refused.
     cluster.create_database("local").unwrap();
@@ -645,13 +654,8 @@ impl Drop for NsNode {
 /// on the other.
 #[test]
 fn two_nodes_in_their_own_mount_namespaces_read_each_others_files() {
-    let url = bucket("ns");
-    let dir = tempfile::tempdir().unwrap();
-    let cluster = TempCluster::start(dir.path()).unwrap();
-    cluster.create_database("vol").unwrap();
-    let conninfo = cluster.conninfo("vol");
+    let (dir, _cluster, conninfo) = shared_volume("ns");
     let (va, vb) = (dir.path().join("node-a"), dir.path().join("node-b"));
-    safs(["format", s(&va), "--meta", &conninfo, "--data", &url]).assert_success("format");
     safs(["attach", s(&vb), "--meta", &conninfo]).assert_success("safs attach");
     // One mountpoint path, a different mount in each namespace.
     let mnt = dir.path().join("mnt");

@@ -78,6 +78,8 @@ const RACES: usize = 8;
 const STAGE_EVERY: Duration = Duration::from_millis(20);
 /// Blocks the stager sends per file per look.
 const STAGE_BATCH: usize = 2 * objstore::PARALLEL;
+/// Files [`Remote::bare`] remembers at most (a few dozen bytes each).
+const BARE_MAX: usize = 1 << 20;
 /// How long the stager leaves the store alone after a failed request.
 const STAGE_PAUSE: Duration = Duration::from_secs(5);
 
@@ -172,6 +174,11 @@ pub(super) struct Remote {
     writing: Arc<Mutex<HashSet<u64>>>,
     /// Blocks the stager sent that no upload has named (or queued) yet.
     staged: Arc<Mutex<StagedMap>>,
+    /// Files made on this node that have no block record (created, never
+    /// given contents, no other node's change to their map seen): freeing
+    /// one needs no read of its map — a round trip on PostgreSQL. At most
+    /// [`BARE_MAX`]; a file not in it is read as before.
+    bare: Mutex<HashSet<u64>>,
     /// Writable opens and truncates per inode: an upload clears the dirty
     /// mark only if none came while it ran.
     changes: Mutex<HashMap<u64, u64>>,
@@ -225,6 +232,7 @@ impl Remote {
             maps: Arc::default(),
             writing: Arc::default(),
             staged: Arc::default(),
+            bare: Mutex::new(HashSet::new()),
             changes: Mutex::new(HashMap::new()),
             failed: Mutex::new(HashSet::new()),
             deleter: Mutex::new(None),
@@ -866,6 +874,11 @@ impl Fs {
                 w.push((q.to_vec(), Some(blocks::encode_doomed(&q))));
             }
         }
+        if !map.is_empty() {
+            // Before the records exist: a free that races this upload
+            // reads them.
+            r.bare.lock().remove(&ino);
+        }
         let seq = {
             let _t = self.writable()?;
             // Another node's commit since the map was read dropped it from
@@ -892,6 +905,18 @@ impl Fs {
                 }
                 return Ok(Some(0));
             };
+            // A truncate since the blocks were read (it marks the file
+            // under this lock): committing `len` as the size would undo
+            // it. Built again on what it left.
+            let truncated = r.changes.lock().get(&ino).copied().unwrap_or(0) != change
+                && f.metadata()?.len() != len;
+            if truncated {
+                drop(st);
+                if !sent.is_empty() {
+                    self.store.apply(doomed_writes(ino, &sent));
+                }
+                return Ok(None);
+            }
             let mut inode = c.inode.clone();
             let size = self.data.plain_size(len);
             if inode.size != size {
@@ -996,14 +1021,16 @@ impl Fs {
         let Some(r) = &self.remote else {
             return Ok(());
         };
-        let (start, end) = keys::ino_range(keys::P_BLOCK, ino);
-        for (k, v) in self.store.scan(&start, &end, usize::MAX)? {
-            let b = BlockRef::decode(&k, &v).map_err(|e| CoreError::corrupt(&k, e))?;
-            if let (true, Some(i)) = (b.has_object(), keys::key_block(&k)) {
-                let q = keys::doomed(ino, i, b.generation);
-                w.push((q.to_vec(), Some(blocks::encode_doomed(&q))));
+        if !r.bare.lock().remove(&ino) {
+            let (start, end) = keys::ino_range(keys::P_BLOCK, ino);
+            for (k, v) in self.store.scan(&start, &end, usize::MAX)? {
+                let b = BlockRef::decode(&k, &v).map_err(|e| CoreError::corrupt(&k, e))?;
+                if let (true, Some(i)) = (b.has_object(), keys::key_block(&k)) {
+                    let q = keys::doomed(ino, i, b.generation);
+                    w.push((q.to_vec(), Some(blocks::encode_doomed(&q))));
+                }
+                w.push((k, None));
             }
-            w.push((k, None));
         }
         r.current.lock().remove(&ino);
         r.maps.lock().remove(&ino);
@@ -1020,10 +1047,12 @@ impl Fs {
                 Some(ino) => {
                     r.current.lock().remove(&ino);
                     r.maps.lock().remove(&ino);
+                    r.bare.lock().remove(&ino);
                 }
                 None => {
                     r.current.lock().clear();
                     r.maps.lock().clear();
+                    r.bare.lock().clear();
                 }
             }
         }
@@ -1069,6 +1098,11 @@ impl Fs {
         if let Some(r) = &self.remote {
             r.current.lock().insert(ino);
             r.maps.lock().insert(ino, BTreeMap::new());
+            let mut bare = r.bare.lock();
+            if bare.len() < BARE_MAX {
+                bare.insert(ino);
+            }
+            drop(bare);
         }
     }
 
