@@ -308,26 +308,21 @@ impl Remote {
                     let files: Vec<u64> = writing.lock().iter().copied().collect();
                     for ino in files {
                         let path = super::data::backing_path(&data_dir, ino);
-                        // Sent without the file's stripe: its close or
-                        // fsync never waits for the store on the stager's
-                        // behalf.
+                        // Under the file's stripe, which its upload takes
+                        // too: a close waits for the blocks in flight and
+                        // names them instead of sending them again (with
+                        // the store away, for one failed try: then the
+                        // stager pauses).
+                        let _g = stripes[(ino as usize) % STRIPES].lock();
+                        if !writing.lock().contains(&ino) {
+                            continue;
+                        }
                         match stage(&store, &path, ino, &maps, &staged, &counters) {
-                            Ok(sent) if sent.is_empty() => {}
                             Ok(sent) => {
-                                // Under the stripe, as the uploads take
-                                // them: a file closed meanwhile had its
-                                // upload, and these go.
-                                let _g = stripes[(ino as usize) % STRIPES].lock();
-                                if writing.lock().contains(&ino) {
-                                    let mut st = staged.lock();
-                                    let mine = st.entry(ino).or_default();
-                                    for (idx, generation, hash) in sent {
-                                        mine.insert(idx, Staged { generation, hash });
-                                    }
-                                } else {
-                                    let gone: Vec<(u32, u64)> =
-                                        sent.iter().map(|&(i, g, _)| (i, g)).collect();
-                                    doom(&meta, ino, &gone);
+                                let mut st = staged.lock();
+                                let mine = st.entry(ino).or_default();
+                                for (idx, generation, hash) in sent {
+                                    mine.insert(idx, Staged { generation, hash });
                                 }
                             }
                             Err((e, lost)) => {
