@@ -161,10 +161,11 @@ fn probe(vol: &Path) -> (Option<i32>, Option<i32>) {
 const PSIZE: usize = 4096;
 
 /// Offsets inside runs of ≥ 64 equal non-zero bytes in pages in use: record
-/// values. In a leaf page only its nodes count (from `upper` to the end):
-/// the gap between the node pointers and the nodes keeps bytes of records
-/// deleted or moved since, which nothing reads; free pages hold stale
-/// copies too.
+/// values. In a leaf or branch page only its nodes count (from `upper` to
+/// the end): the gap between the node pointers and the nodes keeps bytes
+/// of records deleted or moved since, or of what the page held before
+/// LMDB reused it (a leaf's values in a branch page's gap), which nothing
+/// reads; free pages hold stale copies too.
 fn value_offsets(mdb: &[u8], in_use: &[u64]) -> Vec<usize> {
     let mut out = Vec::new();
     for &page in in_use {
@@ -172,8 +173,8 @@ fn value_offsets(mdb: &[u8], in_use: &[u64]) -> Vec<usize> {
         let base = page.as_ptr() as usize - mdb.as_ptr() as usize;
         let u16_at = |at: usize| u16::from_le_bytes([page[at], page[at + 1]]) as usize;
         let (flags, lower, upper) = (u16_at(10), u16_at(12), u16_at(14));
-        let leaf = flags == 2 && (16..=upper).contains(&lower) && upper <= PSIZE;
-        let mut i = if leaf { upper } else { 0 };
+        let nodes = (flags == 1 || flags == 2) && (16..=upper).contains(&lower) && upper <= PSIZE;
+        let mut i = if nodes { upper } else { 0 };
         while i < PSIZE {
             let mut j = i;
             while j < PSIZE && page[j] == page[i] {

@@ -651,9 +651,11 @@ fn serve(
     // Ready once the kernel's INIT is answered: a mount whose INIT is
     // refused (a transport or data path the kernel lacks) fails the command.
     let log = layout.log();
-    let res = session.run(move || {
+    let said_ready = std::sync::atomic::AtomicBool::new(false);
+    let res = session.run(|| {
         if daemon_child {
             println!("{READY}");
+            said_ready.store(true, std::sync::atomic::Ordering::Relaxed);
             // From here on nobody reads our pipes: send everything to the log.
             if let Ok(f) = std::fs::OpenOptions::new()
                 .create(true)
@@ -676,9 +678,11 @@ fn serve(
         Ok(()) => tracing::info!("unmounted"),
         Err(e) => tracing::error!("unmounted: {e:#}"),
     }
-    if daemon_child {
-        // The log has the error; the caller's report of it would go to the
-        // log too (our stderr) after the lock is free.
+    // A refused INIT never said READY: the caller still reads our stderr
+    // and prints why. After READY the log has the error; the caller's
+    // report of it would go to the log too (our stderr) after the lock is
+    // free.
+    if daemon_child && said_ready.load(std::sync::atomic::Ordering::Relaxed) {
         if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
             let _ = nix::unistd::dup2_stderr(&null);
         }

@@ -398,6 +398,7 @@ impl Fs {
                 tracing::error!(error = %e, "inodes unlinked while open are left to the next mount");
             }
         }
+        self.delete_doomed_at_unmount();
         if !self.opts.read_only {
             // Clean only if no other daemon still serves the volume.
             match self.store.lease() {

@@ -82,6 +82,9 @@ const STAGE_BATCH: usize = 2 * objstore::PARALLEL;
 const BARE_MAX: usize = 1 << 20;
 /// How long the stager leaves the store alone after a failed request.
 const STAGE_PAUSE: Duration = Duration::from_secs(5);
+/// How long an unmount spends deleting the objects queued so far; what is
+/// left waits for the next mount's deleter.
+const UNMOUNT_DELETE: Duration = Duration::from_secs(3);
 
 /// Why an upload runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -967,6 +970,29 @@ impl Fs {
             }
         }
         all
+    }
+
+    /// At unmount, after the last uploads and reclaims: the objects queued
+    /// for deletion so far are deleted (for at most [`UNMOUNT_DELETE`]),
+    /// so that a clean unmount leaves in the store what records name — a
+    /// block rewritten or staged and replaced just before it included.
+    pub(super) fn delete_doomed_at_unmount(&self) {
+        let Some(r) = &self.remote else {
+            return;
+        };
+        if self.opts.read_only {
+            return;
+        }
+        // The deleter takes only records of durable batches.
+        if let Err(e) = self.store.sync() {
+            tracing::warn!(error = %e, "objects queued for deletion are left to the next mount");
+            return;
+        }
+        let deadline = Instant::now() + UNMOUNT_DELETE;
+        let stopping = || Instant::now() >= deadline;
+        if let Err(e) = delete_doomed(&self.store, &r.store, &r.counters, &stopping) {
+            tracing::warn!(error = %e, "objects queued for deletion are left to the next mount");
+        }
     }
 
     /// At mount: uploads every backing file marked dirty (see the module
