@@ -30,7 +30,12 @@
 //!   `user.safs.dirty` mark from a writer's open until an upload covers
 //!   every change; the recovery after an unclean stop uploads the marked
 //!   ones. A backing file that matches a map carries that map's digest in
-//!   `user.safs.map`, so a later session need not read it to know.
+//!   `user.safs.map`, so a later session need not read it to know — in
+//!   the same boot only: the mark names the boot it was set in, because
+//!   the backing file is not synced before it (a fetch would pay a write
+//!   of every byte to the disk), and a power cut can lose bytes whose mark
+//!   survived. After a reboot the first open of a cached file compares
+//!   its blocks with the map's hashes instead and fetches what differs.
 //! - **Objects no record names** (a block replaced, a file truncated or
 //!   freed) are queued (`Q` records, in the batch that drops them) and
 //!   deleted by a background thread once that batch is durable.
@@ -552,8 +557,7 @@ impl Fs {
         };
         if let Some(f) = &local {
             // Changes the store does not have yet: the backing file is newer.
-            if get_xattr(f, DIRTY)?.is_some() || get_xattr(f, MAP)?.as_deref() == Some(&digest[..])
-            {
+            if get_xattr(f, DIRTY)?.is_some() || get_xattr(f, MAP)? == Some(map_mark(&digest)) {
                 r.counters.hits.fetch_add(1, Relaxed);
                 r.current.lock().insert(ino);
                 return Ok(());
@@ -641,7 +645,7 @@ impl Fs {
         let t = nix::sys::time::TimeSpec::new(mtime.sec, i64::from(mtime.nsec));
         nix::sys::stat::futimens(&f, &nix::sys::time::TimeSpec::UTIME_OMIT, &t)
             .map_err(std::io::Error::from)?;
-        set_xattr(&f, MAP, &digest)?;
+        set_xattr(&f, MAP, &map_mark(&digest))?;
         if fetched > 0 {
             tracing::debug!(ino, fetched, "blocks fetched from the object store");
         }
@@ -753,7 +757,7 @@ impl Fs {
             // replaced since: the other node's contents win.
             let base = get_xattr(&f, MAP)?;
             let moved = match &base {
-                Some(b) => b[..] != map_digest(&old)[..],
+                Some(b) => b.get(..DIGEST) != Some(&map_digest(&old)[..]),
                 None => !old.is_empty(),
             };
             if moved {
@@ -924,7 +928,7 @@ impl Fs {
             }
             if w.is_empty() { 0 } else { self.store.apply(w) }
         };
-        set_xattr(&f, MAP, &map_digest(&map))?;
+        set_xattr(&f, MAP, &map_mark(&map_digest(&map)))?;
         r.maps.lock().insert(ino, map);
         let unchanged = r.changes.lock().get(&ino).copied().unwrap_or(0) == change;
         let writers = self.state.lock().writers(ino);
@@ -1312,7 +1316,28 @@ fn map_len(map: &BTreeMap<u32, BlockRef>) -> u64 {
         .map_or(0, |(&idx, b)| u64::from(idx) * BLOCK + u64::from(b.len))
 }
 
-fn map_digest(map: &BTreeMap<u32, BlockRef>) -> [u8; 16] {
+/// Bytes of a [`map_digest`].
+const DIGEST: usize = 16;
+
+/// The `user.safs.map` value of a backing file matching the map of
+/// `digest`: the digest, then this boot's id (see the module comment).
+fn map_mark(digest: &[u8; DIGEST]) -> Vec<u8> {
+    static BOOT: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    let boot = BOOT.get_or_init(|| {
+        std::fs::read("/proc/sys/kernel/random/boot_id")
+            .map(|b| b.trim_ascii().to_vec())
+            .unwrap_or_else(|e| {
+                // Then every mark is distrusted at the next mount instead.
+                tracing::warn!(error = %e, "no boot id: cached files are checked at each mount");
+                format!("pid {}", std::process::id()).into_bytes()
+            })
+    });
+    let mut mark = digest.to_vec();
+    mark.extend_from_slice(boot);
+    mark
+}
+
+fn map_digest(map: &BTreeMap<u32, BlockRef>) -> [u8; DIGEST] {
     let mut all = Vec::with_capacity(map.len() * 32);
     for (idx, b) in map {
         all.extend_from_slice(&idx.to_be_bytes());
