@@ -35,7 +35,7 @@ pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
             })
         })?;
         if wrote {
-            let mut buf = vec![0u8; SIZE];
+            let mut buf = ops::PageBuf::new(SIZE);
             let mut read = |ctx: &Ctx<'_>| -> Result<Timed, Fail> {
                 timed_each(ctx, &paths, |i, p| {
                     let fd = ops::open_read(p).map_err(|e| na(e, "open", i, n))?;

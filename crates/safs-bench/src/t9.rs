@@ -7,7 +7,8 @@
 //!   page cache. Once.
 //! - `read cold`: after making the target cold (drop_caches; safs and
 //!   set-up gocryptfs remounted), read it front to back in 1 MiB
-//!   `read(2)`s, the kernel's readahead on. Best of `--reps`.
+//!   `read(2)`s into a page-aligned buffer (as dd's; see
+//!   `ops::PageBuf`), the kernel's readahead on. Best of `--reps`.
 //! - `read hot`: the same read right after, nothing dropped: what a file
 //!   cached by the target costs (for a filesystem whose contents are in an
 //!   object store, its local cache). Best of `--reps`.
@@ -23,7 +24,8 @@
 //!   of the measured file fills it, so each is a request to the filesystem;
 //!   what that filesystem does underneath — a FUSE daemon's own reads of
 //!   its backing file, with that file's readahead, or safs' passthrough —
-//!   is part of the figure. Buffered I/O: FUSE offers no O_DIRECT unless
+//!   is part of the figure, and so is the open (a filesystem that fetches
+//!   the whole file at open pays for it here). Buffered I/O: FUSE offers no O_DIRECT unless
 //!   the daemon asks for direct_io. Best of `--reps`, in IOPS.
 //!
 //! MB/s are 10^6 bytes per second. Requests per operation are per MiB for
@@ -130,17 +132,17 @@ pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
             })
         })?;
         if wrote {
-            let mut buf = vec![0u8; T9_CHUNK as usize];
+            let mut buf = ops::PageBuf::new(T9_CHUNK as usize);
             let l = s.label(&format!("read {mib} MiB cold"));
             let spec = PhaseSpec::new(&l, chunks, reps, true);
             let read_done = ctx.phase(t, &mut read, spec, |ctx| {
-                sequential_read(ctx, &file, bytes, &mut buf)
+                sequential_read(ctx, &file, bytes, &mut buf[..])
             })?;
             if read_done {
                 let l = s.label(&format!("read {mib} MiB hot"));
                 let spec = PhaseSpec::new(&l, chunks, reps, false);
                 ctx.phase(t, &mut hot, spec, |ctx| {
-                    sequential_read(ctx, &file, bytes, &mut buf)
+                    sequential_read(ctx, &file, bytes, &mut buf[..])
                 })?;
             } else {
                 skipped(&mut hot, &read);
@@ -228,10 +230,12 @@ fn random_reads(
     blocks: &[u64],
     buf: &mut [u8],
 ) -> Result<Timed, Fail> {
+    // The open is timed too: a filesystem that brings a whole file in at
+    // open (safs-s3's cache) pays for it here, not before the clock starts.
+    let start = Instant::now();
     let fd = open(file)?;
     rustix::fs::fadvise(&fd, 0, None, Advice::Random).map_err(|e| na(e, "fadvise", 0, 1))?;
     let n = blocks.len();
-    let start = Instant::now();
     for (i, b) in blocks.iter().enumerate() {
         ctx.tick(i)?;
         let r = rustix::io::pread(&fd, &mut *buf, b * BLOCK).map_err(|e| na(e, "pread", i, n))?;
