@@ -300,6 +300,39 @@ fn overwrites_truncates_and_removes_leave_no_object_behind() {
 }
 
 #[test]
+fn a_file_removed_just_before_a_kill_has_its_objects_deleted_by_the_next_mount() {
+    let url = bucket("freed");
+    let mut v = volume(&url, &[]);
+    let store = client(&url);
+    fs::write(v.path("f"), pattern(6, 6 * MIB)).unwrap();
+    // Made by another session: freeing it needs its block map, which the
+    // deleter reads (the remove only queues the file).
+    v.unmount();
+    v.mount();
+    assert_eq!(objects(&store).len(), 2);
+    fs::remove_file(v.path("f")).unwrap();
+    File::open(v.mnt()).unwrap().sync_all().unwrap();
+    let pid = daemon_pid(v.vol());
+    kill(pid, Signal::SIGKILL).unwrap();
+    v.unmount_after_crash();
+    // Deleted or still queued, the freed file's blocks are no finding.
+    let out = safs(["fsck", s(v.vol())]);
+    out.assert_success("fsck with a freed file's blocks queued");
+    assert!(!out.stdout.contains("block record"), "{}", out.stdout);
+    // A dump of that state loads: the queued blocks name no live inode.
+    let tmp = tempfile::tempdir().unwrap();
+    let dump = tmp.path().join("dump");
+    safs(["dump", s(v.vol()), s(&dump)]).assert_success("dump");
+    safs(["load", s(&dump), s(&tmp.path().join("loaded"))]).assert_success("load");
+    v.mount();
+    v.unmount();
+    assert_eq!(objects(&store).len(), 0);
+    let out = safs(["fsck", s(v.vol())]);
+    out.assert_success("fsck after the next mount");
+    assert!(!out.stdout.contains("leftover"), "{}", out.stdout);
+}
+
+#[test]
 fn fsync_puts_contents_in_the_store_before_a_kill() {
     let url = bucket("fsync");
     let mut v = volume(&url, &[]);

@@ -38,7 +38,9 @@
 //!   its blocks with the map's hashes instead and fetches what differs.
 //! - **Objects no record names** (a block replaced, a file truncated or
 //!   freed) are queued (`Q` records, in the batch that drops them) and
-//!   deleted by a background thread once that batch is durable.
+//!   deleted by a background thread once that batch is durable. A freed
+//!   file is queued whole (one `Q` record for all its blocks): its block
+//!   map is the deleter's to read, so a remove costs no read of it.
 //!
 //! - **The cache is bounded** (`-o cache_size=`): closed files' backing
 //!   files are kept in the order of their last close, and the oldest are
@@ -259,28 +261,12 @@ impl Remote {
 
     /// Starts deleting the objects queued for deletion.
     pub(super) fn start_deleter(&self, meta: Arc<Store>) {
-        let (store, stop) = (Arc::clone(&self.store), Arc::clone(&self.stop));
-        let counters = Arc::clone(&self.counters);
-        let t = std::thread::Builder::new()
-            .name("safs-deleter".into())
-            .spawn(move || {
-                loop {
-                    {
-                        let (lock, cv) = &*stop;
-                        let mut s = lock.lock();
-                        if !*s {
-                            cv.wait_for(&mut s, DELETE_EVERY);
-                        }
-                        if *s {
-                            return;
-                        }
-                    }
-                    let stopping = || *stop.0.lock();
-                    if let Err(e) = delete_doomed(&meta, &store, &counters, &stopping) {
-                        tracing::warn!(error = %e, "deleting unreferenced objects: retried later");
-                    }
-                }
-            });
+        let (store, counters) = (Arc::clone(&self.store), Arc::clone(&self.counters));
+        let t = periodic("safs-deleter", DELETE_EVERY, &self.stop, move |stopping| {
+            if let Err(e) = delete_doomed(&meta, &store, &counters, stopping) {
+                tracing::warn!(error = %e, "deleting unreferenced objects: retried later");
+            }
+        });
         match t {
             Ok(t) => *self.deleter.lock() = Some(t),
             Err(e) => tracing::warn!(error = %e, "cannot start the object deleter"),
@@ -291,59 +277,44 @@ impl Remote {
     /// each file open for writing has the full blocks behind its end that
     /// differ from its map sent ahead, at most [`STAGE_BATCH`] per look.
     pub(super) fn start_stager(&self, meta: Arc<Store>, data_dir: std::path::PathBuf) {
-        let (store, stop) = (Arc::clone(&self.store), Arc::clone(&self.stop));
+        let store = Arc::clone(&self.store);
         let (writing, staged) = (Arc::clone(&self.writing), Arc::clone(&self.staged));
         let (maps, stripes) = (Arc::clone(&self.maps), Arc::clone(&self.stripes));
         let counters = Arc::clone(&self.counters);
-        let t = std::thread::Builder::new()
-            .name("safs-stager".into())
-            .spawn(move || {
-                let mut pause_until: Option<Instant> = None;
-                loop {
-                    {
-                        let (lock, cv) = &*stop;
-                        let mut s = lock.lock();
-                        if !*s {
-                            cv.wait_for(&mut s, STAGE_EVERY);
-                        }
-                        if *s {
-                            return;
+        let mut pause_until: Option<Instant> = None;
+        let t = periodic("safs-stager", STAGE_EVERY, &self.stop, move |_| {
+            if pause_until.is_some_and(|t| Instant::now() < t) {
+                return;
+            }
+            let files: Vec<u64> = writing.lock().iter().copied().collect();
+            for ino in files {
+                let path = super::data::backing_path(&data_dir, ino);
+                // Under the file's stripe, which its upload takes too: a
+                // close waits for the blocks in flight and names them
+                // instead of sending them again (with the store away, for
+                // one failed try: then the stager pauses).
+                let _g = stripes[(ino as usize) % STRIPES].lock();
+                if !writing.lock().contains(&ino) {
+                    continue;
+                }
+                match stage(&store, &path, ino, &maps, &staged, &counters) {
+                    Ok(sent) => {
+                        let mut st = staged.lock();
+                        let mine = st.entry(ino).or_default();
+                        for (idx, generation, hash) in sent {
+                            mine.insert(idx, Staged { generation, hash });
                         }
                     }
-                    if pause_until.is_some_and(|t| Instant::now() < t) {
-                        continue;
-                    }
-                    let files: Vec<u64> = writing.lock().iter().copied().collect();
-                    for ino in files {
-                        let path = super::data::backing_path(&data_dir, ino);
-                        // Under the file's stripe, which its upload takes
-                        // too: a close waits for the blocks in flight and
-                        // names them instead of sending them again (with
-                        // the store away, for one failed try: then the
-                        // stager pauses).
-                        let _g = stripes[(ino as usize) % STRIPES].lock();
-                        if !writing.lock().contains(&ino) {
-                            continue;
-                        }
-                        match stage(&store, &path, ino, &maps, &staged, &counters) {
-                            Ok(sent) => {
-                                let mut st = staged.lock();
-                                let mine = st.entry(ino).or_default();
-                                for (idx, generation, hash) in sent {
-                                    mine.insert(idx, Staged { generation, hash });
-                                }
-                            }
-                            Err((e, lost)) => {
-                                tracing::debug!(ino, error = %e, "blocks not staged: the upload sends them");
-                                doom(&meta, ino, &lost);
-                                // The store away: not asked again for a while.
-                                pause_until = Some(Instant::now() + STAGE_PAUSE);
-                                break;
-                            }
-                        }
+                    Err((e, lost)) => {
+                        tracing::debug!(ino, error = %e, "blocks not staged: the upload sends them");
+                        doom(&meta, ino, &lost);
+                        // The store away: not asked again for a while.
+                        pause_until = Some(Instant::now() + STAGE_PAUSE);
+                        return;
                     }
                 }
-            });
+            }
+        });
         match t {
             Ok(t) => *self.stager.lock() = Some(t),
             Err(e) => tracing::warn!(error = %e, "cannot start the stager: blocks go up at close"),
@@ -467,6 +438,78 @@ fn doom(meta: &Store, ino: u64, objects: &[(u32, u64)]) {
     }
 }
 
+/// A thread named `name` that runs `work` every `every` until `stop` is
+/// set (an unmount: the wait ends at once, and `work` is handed a test of
+/// it to stop early between its steps).
+fn periodic(
+    name: &str,
+    every: Duration,
+    stop: &Arc<(Mutex<bool>, Condvar)>,
+    mut work: impl FnMut(&dyn Fn() -> bool) + Send + 'static,
+) -> std::io::Result<JoinHandle<()>> {
+    let stop = Arc::clone(stop);
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            loop {
+                {
+                    let (lock, cv) = &*stop;
+                    let mut s = lock.lock();
+                    if !*s {
+                        cv.wait_for(&mut s, every);
+                    }
+                    if *s {
+                        return;
+                    }
+                }
+                work(&|| *stop.0.lock());
+            }
+        })
+}
+
+/// A freed file's blocks (its [`keys::doomed_file`] record): their objects
+/// deleted, then their records, a page at a time, so that a stop halfway
+/// leaves the rest to the next pass. False if `stopping` cut it short.
+fn delete_file_blocks(
+    meta: &Store,
+    store: &objstore::Store,
+    counters: &Counters,
+    ino: u64,
+    stopping: &dyn Fn() -> bool,
+) -> Result<bool> {
+    let (start, end) = keys::ino_range(keys::P_BLOCK, ino);
+    loop {
+        let page = meta.engine().scan(&start, &end, DELETE_BATCH)?;
+        if page.is_empty() {
+            return Ok(true);
+        }
+        let mut w: Vec<Write> = Vec::with_capacity(page.len());
+        for (k, v) in page {
+            if stopping() {
+                break;
+            }
+            let b = BlockRef::decode(&k, &v).map_err(|e| CoreError::corrupt(&k, e))?;
+            if let (true, Some(i)) = (b.has_object(), keys::key_block(&k)) {
+                store
+                    .delete(&blocks::object_key(ino, i, b.generation))
+                    .map_err(CoreError::Store)?;
+                counters.deleted_objects.fetch_add(1, Relaxed);
+            }
+            w.push((k, None));
+        }
+        if w.is_empty() {
+            return Ok(false);
+        }
+        let _lease = meta.lease()?;
+        let seq = meta.apply(w);
+        drop(_lease);
+        meta.wait_durable(seq)?;
+        if stopping() {
+            return Ok(false);
+        }
+    }
+}
+
 /// Deletes the objects whose `Q` records are durable (read from the engine,
 /// not the overlay), then their records; stops early once `stopping` says
 /// so (an unmount does not wait for a long queue: the rest is left to the
@@ -490,7 +533,15 @@ fn delete_doomed(
                 stopped = true;
                 break;
             }
-            if let (Some(ino), Some(b), Some(g)) =
+            if keys::is_doomed_file(k) {
+                let Some(ino) = keys::key_ino(k) else {
+                    continue;
+                };
+                if !delete_file_blocks(meta, store, counters, ino, stopping)? {
+                    stopped = true;
+                    break;
+                }
+            } else if let (Some(ino), Some(b), Some(g)) =
                 (keys::key_ino(k), keys::key_block(k), keys::key_gen(k))
             {
                 store
@@ -1047,15 +1098,10 @@ impl Fs {
             return Ok(());
         };
         if !r.bare.lock().remove(&ino) {
-            let (start, end) = keys::ino_range(keys::P_BLOCK, ino);
-            for (k, v) in self.store.scan(&start, &end, usize::MAX)? {
-                let b = BlockRef::decode(&k, &v).map_err(|e| CoreError::corrupt(&k, e))?;
-                if let (true, Some(i)) = (b.has_object(), keys::key_block(&k)) {
-                    let q = keys::doomed(ino, i, b.generation);
-                    w.push((q.to_vec(), Some(blocks::encode_doomed(&q))));
-                }
-                w.push((k, None));
-            }
+            // The map is the deleter's to read (inode numbers are never
+            // used again, so its records name nothing else meanwhile).
+            let q = keys::doomed_file(ino);
+            w.push((q.to_vec(), Some(blocks::encode_doomed(&q))));
         }
         r.current.lock().remove(&ino);
         r.maps.lock().remove(&ino);

@@ -107,6 +107,19 @@ pub fn doomed(ino: u64, block: u32, generation: u64) -> [u8; 21] {
 }
 
 /// The block number of a `B` or `Q` key.
+/// The `Q` record that queues every block of a freed file `ino`: the
+/// deleter reads its block records, deletes their objects and then them
+/// (a remove then costs no read of the map). Sorts after the file's
+/// per-object `Q` records.
+pub fn doomed_file(ino: u64) -> [u8; 21] {
+    doomed(ino, u32::MAX, u64::MAX)
+}
+
+/// Whether `key` is a [`doomed_file`] record.
+pub fn is_doomed_file(key: &[u8]) -> bool {
+    key.len() == 21 && key[0] == P_DOOMED && key[9..] == [0xff; 12]
+}
+
 pub fn key_block(key: &[u8]) -> Option<u32> {
     key.get(9..13)
         .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")))

@@ -52,11 +52,11 @@ pub(super) fn connect(raw: &dyn MetaStore) -> Result<Store> {
 
 impl Checker<'_> {
     pub(super) fn check_objects(&mut self, progress: Progress<'_>) -> Result<()> {
-        let named = self.named_objects()?;
+        let (named, pending) = self.named_objects()?;
         // Records of missing inodes go before their objects can.
         self.flush()?;
         let store = self.objects.take().expect("a volume with an object store");
-        let result = self.check_against(&store, named, progress);
+        let result = self.check_against(&store, named, pending, progress);
         self.objects = Some(store);
         result
     }
@@ -64,13 +64,30 @@ impl Checker<'_> {
     /// Every object a block record names; block records of inodes that
     /// are missing or not regular files are findings (repair deletes them,
     /// and their objects with the other unnamed ones).
-    fn named_objects(&mut self) -> Result<BTreeMap<String, Named>> {
+    fn named_objects(&mut self) -> Result<(BTreeMap<String, Named>, HashSet<String>)> {
         let mut named = BTreeMap::new();
+        // Freed files whose blocks wait for the deleter: their records and
+        // objects are its to delete, not findings.
+        let (start, end) = keys::prefix_range(keys::P_DOOMED);
+        let freed: HashSet<u64> = self
+            .raw
+            .scan(&start, &end, usize::MAX)?
+            .into_iter()
+            .filter(|(k, _)| keys::is_doomed_file(k))
+            .filter_map(|(k, _)| keys::key_ino(&k))
+            .collect();
+        let mut pending = HashSet::new();
         self.each(keys::P_BLOCK, |c, k, v| {
             let (Some(ino), Some(block)) = (keys::key_ino(&k), keys::key_block(&k)) else {
                 return;
             };
             let owner = c.inodes.get(&ino).map(|i| i.inode.is_reg());
+            if owner.is_none() && freed.contains(&ino) {
+                if let Ok(b) = decoded(&v, |v| BlockRef::decode(&k, v)) {
+                    pending.insert(blocks::object_key(ino, block, b.generation));
+                }
+                return;
+            }
             if owner != Some(true) {
                 let what = if owner.is_some() {
                     "not a regular file"
@@ -101,16 +118,17 @@ impl Checker<'_> {
                 );
             }
         })?;
-        Ok(named)
+        Ok((named, pending))
     }
 
     fn check_against(
         &mut self,
         store: &Store,
         mut named: BTreeMap<String, Named>,
+        pending: HashSet<String>,
         progress: Progress<'_>,
     ) -> Result<()> {
-        let mut queued = HashSet::new();
+        let mut queued = pending;
         let (start, end) = keys::prefix_range(keys::P_DOOMED);
         for (k, _) in self.raw.scan(&start, &end, usize::MAX)? {
             if let (Some(ino), Some(b), Some(g)) =

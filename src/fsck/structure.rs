@@ -91,6 +91,15 @@ pub(super) fn check(
         }
     })?;
     s.report.inodes = inodes.len() as u64;
+    // Freed files whose block records wait for the object deleter.
+    let mut freed = BTreeSet::new();
+    each(store, &[keys::P_DOOMED], &[keys::P_DOOMED + 1], |k, _| {
+        if keys::is_doomed_file(&k)
+            && let Some(ino) = keys::key_ino(&k)
+        {
+            freed.insert(ino);
+        }
+    })?;
     progress("structure", 0, 2);
     let (mut counters, mut done) = (false, 0u64);
     // Every key: LMDB keys are 1 to 511 bytes long.
@@ -110,7 +119,8 @@ pub(super) fn check(
                     keys::P_SPILL | keys::P_OVERFLOW => s.report.xattr_records += 1,
                     _ => {}
                 }
-                if !inodes.contains(&ino) {
+                let queued = k[0] == keys::P_BLOCK && freed.contains(&ino);
+                if !inodes.contains(&ino) && !queued {
                     s.find(format!("record {} belongs to no inode", shown(&k)));
                 }
             }

@@ -286,6 +286,7 @@ fn read_into(
     let mut inodes = HashSet::new();
     // (line, inode) of records that name an inode, checked at the end.
     let mut named: Vec<(u64, u64)> = Vec::new();
+    let (mut blocks, mut freed) = (Vec::new(), HashSet::new());
     let mut line_no = 1u64;
     let end = loop {
         let Some(line) = next()? else {
@@ -323,7 +324,14 @@ fn read_into(
             Some(keys::P_INODE) if k.len() == 9 => {
                 inodes.insert(keys::key_ino(&k).expect("9 bytes"));
             }
-            // Queued deletions name inodes already freed.
+            // Queued deletions name inodes already freed, and so may the
+            // block records a freed file's queued deletion covers.
+            Some(keys::P_DOOMED) if keys::is_doomed_file(&k) => {
+                freed.insert(keys::key_ino(&k).expect("21 bytes"));
+            }
+            Some(keys::P_BLOCK) if k.len() >= 9 => {
+                blocks.push((line_no, keys::key_ino(&k).expect("9 bytes")));
+            }
             Some(p) if p != keys::P_DOOMED && k.len() >= 9 => {
                 named.push((line_no, keys::key_ino(&k).expect("9 bytes")));
             }
@@ -353,6 +361,7 @@ fn read_into(
             ),
         ));
     }
+    named.extend(blocks.into_iter().filter(|(_, ino)| !freed.contains(ino)));
     if let Some(&(line, ino)) = named.iter().find(|(_, ino)| !inodes.contains(ino)) {
         return Err(at(
             line,
