@@ -34,6 +34,22 @@ fn pg_volume() -> PgVolume {
     }
 }
 
+/// The engine's point reads and scans so far (`safs info --stats`).
+fn engine_reads(v: &TestVolume) -> (u64, u64) {
+    let out = safs(["info".as_ref(), "--stats".as_ref(), v.mnt().as_os_str()]);
+    out.assert_success("safs info --stats");
+    let line = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("engine:"))
+        .unwrap_or_else(|| panic!("no engine line: {}", out.stdout));
+    let n: Vec<u64> = line
+        .split(',')
+        .map(|part| part.split_whitespace().next().unwrap().parse().unwrap())
+        .collect();
+    (n[0], n[1])
+}
+
 /// The command failed and said `why`.
 #[track_caller]
 fn fails_with(out: &CmdOutput, why: &str) {
@@ -70,6 +86,19 @@ fn a_volume_on_postgresql_serves_the_namespace_xattrs_and_contents_across_remoun
     std::fs::remove_file(v.path("d/f1")).unwrap();
     v.unmount();
     v.mount();
+    // A cold lookup brings the inode's spill pages with it: the getxattr of
+    // a value beside the inode after it costs no read of its own.
+    let before = engine_reads(v);
+    assert_eq!(
+        getxattr(&v.path("big"), "user.spilled").unwrap(),
+        vec![2u8; 3000]
+    );
+    let after = engine_reads(v);
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (1, 0),
+        "(point reads, scans)"
+    );
     assert_eq!(std::fs::read_dir(v.path("d")).unwrap().count(), 298);
     assert_eq!(std::fs::read(v.path("d/f299")).unwrap(), b"file 299");
     assert_eq!(std::fs::read(v.path("moved")).unwrap(), b"file 0");

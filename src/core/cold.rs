@@ -174,20 +174,24 @@ impl Fs {
                     _ => return Err(CoreError::NotFound),
                 },
             };
-            let (d, irec) = match known {
-                Some(d) => (d, None),
+            let (d, irec, spill_recs) = match known {
+                Some(d) => (d, None, None),
                 None => {
+                    // With the inode come its spill pages where that costs
+                    // no second read (PostgreSQL): a getxattr after a cold
+                    // lookup then needs no round trip of its own.
                     let key = self.keyspace.dirent(parent, name);
-                    let found = self.store.get_and_follow(
+                    let found = self.store.get_follow_and_range(
                         &key,
                         crate::format::dirent::INO_AT,
                         keys::P_INODE,
+                        keys::P_SPILL,
                     )?;
-                    let Some((rec, irec)) = found else {
+                    let Some((rec, irec, spill_recs)) = found else {
                         return Ok((pinode, None));
                     };
                     let d = Dirent::decode(&key, &rec).map_err(|e| CoreError::corrupt(&key, e))?;
-                    (d, irec)
+                    (d, irec, spill_recs)
                 }
             };
             let ikey = keys::inode(d.ino);
@@ -197,7 +201,15 @@ impl Fs {
                 }
                 None => self.read_inode(d.ino)?,
             };
-            Ok((pinode, Some((d, inode))))
+            // A spill that does not decode is left for its own read to
+            // report.
+            let spill = match (&inode, spill_recs) {
+                (Some(i), Some(recs)) if i.spill_len > 0 => {
+                    super::xattr::spill_from_records(d.ino, i, recs).ok()
+                }
+                _ => None,
+            };
+            Ok((pinode, Some((d, inode, spill))))
         });
         let Some((pinode, found)) = got else {
             return (st, Entry::Unknown);
@@ -215,12 +227,12 @@ impl Fs {
         }
         let entry = match found {
             None => Entry::Absent,
-            Some((d, inode)) => {
+            Some((d, inode, spill)) => {
                 st.dirs().learn(parent, name, &d);
                 if let Some(inode) = inode
                     && !st.is_cached(d.ino)
                 {
-                    st.cache_put(d.ino, Cached { inode, spill: None });
+                    st.cache_put(d.ino, Cached { inode, spill });
                 }
                 Entry::Present(d)
             }

@@ -61,7 +61,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::error::{CoreError, Result};
-use crate::meta::{Changes, Followed, MetaError, MetaStore, Write};
+use crate::meta::{Changes, Followed, FollowedWith, MetaError, MetaStore, Write};
 
 type Map = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
@@ -432,6 +432,61 @@ impl Store {
         drop(ov);
         let pointee = if moved { self.get(&k)? } else { pointee };
         Ok(Some((value, pointee)))
+    }
+
+    /// [`Store::get_and_follow`] and, in the same engine call, the
+    /// pointee's companion records (see [`MetaRead::get_follow_and_range`]).
+    /// The range comes back only if the engine read it and nothing in the
+    /// overlay touches it or landed meanwhile: `None` means the caller
+    /// reads it itself, if it needs it.
+    pub fn get_follow_and_range(
+        &self,
+        key: &[u8],
+        at: usize,
+        prefix: u8,
+        companion: u8,
+    ) -> Result<FollowedWith> {
+        if !self.engine.follows_in_one_read() {
+            return Ok(self.get(key)?.map(|v| (v, None, None)));
+        }
+        let since = {
+            let ov = self.overlay.lock();
+            let waiting = ov.pending.contains_key(key) || ov.committing.contains_key(key);
+            (!waiting).then_some(ov.durable_seq)
+        };
+        let Some(since) = since else {
+            return Ok(self
+                .get_and_follow(key, at, prefix)?
+                .map(|(v, p)| (v, p, None)));
+        };
+        let Some((value, pointee, range)) = self
+            .engine
+            .get_follow_and_range(key, at, prefix, companion)?
+        else {
+            return Ok(None);
+        };
+        let Some(k) = crate::meta::pointer_key(&value, at, prefix) else {
+            return Ok(Some((value, None, None)));
+        };
+        let mut lo = k.to_vec();
+        lo[0] = companion;
+        let mut hi = lo.clone();
+        hi.push(0xff);
+        // As in get_and_follow: a newer pointee waiting wins, a commit
+        // landed meanwhile means asking again; and the range counts only
+        // if the overlay holds nothing of it.
+        let ov = self.overlay.lock();
+        let touched = ov.pending.range(lo.clone()..hi.clone()).next().is_some()
+            || ov.committing.range(lo..hi).next().is_some();
+        let range = range.filter(|_| !touched && ov.durable_seq == since);
+        let newer = ov.pending.get(&k[..]).or_else(|| ov.committing.get(&k[..]));
+        if let Some(v) = newer {
+            return Ok(Some((value, v.clone(), range)));
+        }
+        let moved = ov.durable_seq != since;
+        drop(ov);
+        let pointee = if moved { self.get(&k)? } else { pointee };
+        Ok(Some((value, pointee, range)))
     }
 
     /// Up to `limit` live pairs in `[start, end)`, merged across overlay and
@@ -1372,6 +1427,106 @@ mod tests {
             prop_assert_eq!(got, want);
             store.close().unwrap();
         }
+    }
+
+    /// An engine in memory that follows pointers in one read, as
+    /// PostgreSQL does (a range read with it).
+    struct Following(MemStore);
+
+    impl MetaRead for Following {
+        fn get(&self, key: &[u8]) -> std::result::Result<Option<Vec<u8>>, MetaError> {
+            self.0.get(key)
+        }
+        fn scan(
+            &self,
+            start: &[u8],
+            end: &[u8],
+            limit: usize,
+        ) -> std::result::Result<crate::meta::Pairs, MetaError> {
+            self.0.scan(start, end, limit)
+        }
+        fn follows_in_one_read(&self) -> bool {
+            true
+        }
+        fn get_follow_and_range(
+            &self,
+            key: &[u8],
+            at: usize,
+            prefix: u8,
+            companion: u8,
+        ) -> std::result::Result<FollowedWith, MetaError> {
+            let Some((v, p)) = self.get_and_follow(key, at, prefix)? else {
+                return Ok(None);
+            };
+            let range = match (&p, crate::meta::pointer_key(&v, at, prefix)) {
+                (Some(_), Some(mut lo)) => {
+                    lo[0] = companion;
+                    let mut hi = lo.to_vec();
+                    hi.push(0xff);
+                    Some(self.0.scan(&lo, &hi, usize::MAX)?)
+                }
+                _ => None,
+            };
+            Ok(Some((v, p, range)))
+        }
+    }
+
+    impl MetaStore for Following {
+        fn commit_iter<'a>(
+            &self,
+            batch: &mut dyn Iterator<Item = crate::meta::WriteRef<'a>>,
+        ) -> std::result::Result<(), MetaError> {
+            self.0.commit_iter(batch)
+        }
+        fn disk_bytes(&self) -> u64 {
+            0
+        }
+    }
+
+    /// A lookup's companion records come back only while nothing waiting
+    /// to be committed touches them: a pending spill page (or its
+    /// deletion) makes the caller read the range itself.
+    #[test]
+    fn a_companion_range_with_pending_changes_is_not_served() {
+        let engine = Arc::new(Following(MemStore::new()));
+        engine
+            .commit(&[
+                (b"Dname".to_vec(), Some(b"x\0\0\0\0\0\0\0\x07".to_vec())),
+                (b"I\0\0\0\0\0\0\0\x07".to_vec(), Some(b"inode".to_vec())),
+                (b"S\0\0\0\0\0\0\0\x07".to_vec(), Some(b"spill".to_vec())),
+            ])
+            .unwrap();
+        let store = Store::new(engine, Duration::from_secs(3600), None);
+        let (_, p, range) = store
+            .get_follow_and_range(b"Dname", 1, b'I', b'S')
+            .unwrap()
+            .unwrap();
+        assert_eq!(p, Some(b"inode".to_vec()));
+        assert_eq!(
+            range,
+            Some(vec![(b"S\0\0\0\0\0\0\0\x07".to_vec(), b"spill".to_vec())])
+        );
+        // A second page waiting: the range is the caller's to read.
+        store.apply(vec![(
+            b"S\0\0\0\0\0\0\0\x07\x01".to_vec(),
+            Some(b"p1".to_vec()),
+        )]);
+        let (_, p, range) = store
+            .get_follow_and_range(b"Dname", 1, b'I', b'S')
+            .unwrap()
+            .unwrap();
+        assert_eq!((p, range), (Some(b"inode".to_vec()), None));
+        // A newer inode waiting wins over the engine's.
+        store.apply(vec![(
+            b"I\0\0\0\0\0\0\0\x07".to_vec(),
+            Some(b"newer".to_vec()),
+        )]);
+        let (_, p, _) = store
+            .get_follow_and_range(b"Dname", 1, b'I', b'S')
+            .unwrap()
+            .unwrap();
+        assert_eq!(p, Some(b"newer".to_vec()));
+        store.close().unwrap();
     }
 
     /// A shared engine in memory: an epoch, a change log, a lease that can

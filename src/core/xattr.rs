@@ -80,30 +80,43 @@ impl Fs {
         if inode.spill_len == 0 {
             return Ok(Spill::new());
         }
-        let want = inode.spill_len as usize;
-        let key = keys::spill(ino);
-        let malformed =
-            |k: &[u8], what| CoreError::corrupt(k, crate::format::FormatError::Malformed(what));
         let (start, end) = keys::ino_range(keys::P_SPILL, ino);
-        let mut pages = Vec::new();
-        for (k, rec) in self.store.scan(&start, &end, spill::MAX_PAGES + 1)? {
-            let p = keys::spill_page_of(&k).ok_or_else(|| malformed(&k, "spill key"))?;
-            let payload = open(&k, Kind::Spill, &rec).map_err(|e| CoreError::corrupt(&k, e))?;
-            pages.push((
-                p,
-                XattrSet::decode(payload).map_err(|e| CoreError::corrupt(&k, e))?,
-            ));
-        }
-        let set = Spill::from_pages(pages).map_err(|what| malformed(&key, what))?;
-        if set.packed_len() != want {
-            return Err(malformed(
-                &key,
-                "spill pages disagree with the inode's spill size",
-            ));
-        }
-        Ok(set)
+        let recs = self.store.scan(&start, &end, spill::MAX_PAGES + 1)?;
+        spill_from_records(ino, inode, recs)
     }
+}
 
+/// The spill tier of `ino` (record `inode`) from its spill records, as a
+/// range read (or a cold lookup's companion read) returned them.
+pub(super) fn spill_from_records(
+    ino: u64,
+    inode: &Inode,
+    recs: crate::meta::Pairs,
+) -> Result<Spill> {
+    let want = inode.spill_len as usize;
+    let key = keys::spill(ino);
+    let malformed =
+        |k: &[u8], what| CoreError::corrupt(k, crate::format::FormatError::Malformed(what));
+    let mut pages = Vec::new();
+    for (k, rec) in recs {
+        let p = keys::spill_page_of(&k).ok_or_else(|| malformed(&k, "spill key"))?;
+        let payload = open(&k, Kind::Spill, &rec).map_err(|e| CoreError::corrupt(&k, e))?;
+        pages.push((
+            p,
+            XattrSet::decode(payload).map_err(|e| CoreError::corrupt(&k, e))?,
+        ));
+    }
+    let set = Spill::from_pages(pages).map_err(|what| malformed(&key, what))?;
+    if set.packed_len() != want {
+        return Err(malformed(
+            &key,
+            "spill pages disagree with the inode's spill size",
+        ));
+    }
+    Ok(set)
+}
+
+impl Fs {
     fn find(&self, st: &mut State, ino: u64, name: &[u8]) -> Result<Found> {
         let c = self.load(st, ino)?;
         if let Some(v) = c.inode.inline.get(name) {

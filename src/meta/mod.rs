@@ -229,6 +229,24 @@ pub trait MetaRead {
         keys.iter().map(|k| self.get(k)).collect()
     }
 
+    /// [`MetaRead::get_and_follow`], and with it, when the pointee was
+    /// found, the pairs whose keys lie in `[companion ‖ p, companion ‖ p ‖
+    /// 0xff)`, `p` being the 8 pointer bytes (an inode's spill pages, for a
+    /// cold lookup whose next request will want them). Only engines that
+    /// follow in one read answer the range (in the same round trip);
+    /// `None` here means not read.
+    fn get_follow_and_range(
+        &self,
+        key: &[u8],
+        at: usize,
+        prefix: u8,
+        _companion: u8,
+    ) -> Result<FollowedWith, MetaError> {
+        Ok(self
+            .get_and_follow(key, at, prefix)?
+            .map(|(v, p)| (v, p, None)))
+    }
+
     /// Whether [`MetaRead::get_and_follow`] costs what one read costs: only
     /// then is it worth calling by a caller that may not need the pointee.
     fn follows_in_one_read(&self) -> bool {
@@ -239,6 +257,10 @@ pub trait MetaRead {
 /// What [`MetaRead::get_and_follow`] found: the value, and the value it
 /// points to (`None` if absent or if the value is too short to point).
 pub type Followed = Option<(Vec<u8>, Option<Vec<u8>>)>;
+
+/// What [`MetaRead::get_follow_and_range`] found: as [`Followed`], and the
+/// pointee's companion records (`None`: not read).
+pub type FollowedWith = Option<(Vec<u8>, Option<Vec<u8>>, Option<Pairs>)>;
 
 /// The key `value` points to: `prefix` and its 8 bytes at `at`.
 pub fn pointer_key(value: &[u8], at: usize, prefix: u8) -> Option<[u8; 9]> {
@@ -600,6 +622,49 @@ pub(crate) mod conformance {
             None
         );
         assert_eq!(store.get_and_follow(b"Enone", 1, b'I').unwrap(), None);
+        // With the pointee's companion records: exactly those of its 8
+        // bytes (not the next inode's), where the engine reads them at all.
+        store
+            .commit(&[
+                (b"S\0\0\0\0\0\0\0\x07".to_vec(), Some(b"page 0".to_vec())),
+                (
+                    b"S\0\0\0\0\0\0\0\x07\x01".to_vec(),
+                    Some(b"page 1".to_vec()),
+                ),
+                (b"S\0\0\0\0\0\0\0\x08".to_vec(), Some(b"not 7's".to_vec())),
+                (
+                    b"S\0\0\0\0\0\0\0\x06\x7f".to_vec(),
+                    Some(b"not 7's".to_vec()),
+                ),
+            ])
+            .unwrap();
+        let (v, p, range) = store
+            .get_follow_and_range(b"Eptr", 1, b'I', b'S')
+            .unwrap()
+            .unwrap();
+        assert_eq!(v, b"x\0\0\0\0\0\0\0\x07y".to_vec());
+        assert_eq!(p, Some(b"inode 7".to_vec()));
+        if store.follows_in_one_read() {
+            assert_eq!(
+                range,
+                Some(vec![
+                    (b"S\0\0\0\0\0\0\0\x07".to_vec(), b"page 0".to_vec()),
+                    (b"S\0\0\0\0\0\0\0\x07\x01".to_vec(), b"page 1".to_vec()),
+                ])
+            );
+        } else {
+            assert_eq!(range, None);
+        }
+        // No pointee, no range; no value, nothing.
+        let (_, p, range) = store
+            .get_follow_and_range(b"Edangling", 1, b'I', b'S')
+            .unwrap()
+            .unwrap();
+        assert_eq!((p, range), (None, None));
+        assert_eq!(
+            store.get_follow_and_range(b"Enone", 1, b'I', b'S').unwrap(),
+            None
+        );
         // A large value.
         let big = vec![7u8; 70_000];
         store

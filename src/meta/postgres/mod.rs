@@ -141,6 +141,8 @@ struct Conn {
     get_many: Statement,
     /// A value and the one its bytes point to, in one round trip.
     get_and_follow: Statement,
+    /// The same and the pointee's companion records (one row each).
+    get_follow_and_range: Statement,
     scan: Statement,
     commit: Statement,
     /// The commit of a claimed store: applies the batch only while the
@@ -378,6 +380,18 @@ impl PgStore {
                  WHERE a.k = $1",
             )
             .map_err(engine_err)?;
+        // One row per companion record (or one with NULLs): the value and
+        // the pointee repeat, a few hundred bytes for a spill page or two.
+        let get_follow_and_range = client
+            .prepare(
+                "SELECT a.v, b.v, s.k, s.v FROM safs_kv a LEFT JOIN safs_kv b \
+                 ON length(a.v) >= $3 + 7 AND b.k = $2 || substring(a.v FROM $3 FOR 8) \
+                 LEFT JOIN LATERAL (SELECT k, v FROM safs_kv WHERE b.k IS NOT NULL \
+                 AND k >= $4 || substring(a.v FROM $3 FOR 8) \
+                 AND k < $4 || substring(a.v FROM $3 FOR 8) || '\\xff'::bytea) s ON true \
+                 WHERE a.k = $1 ORDER BY s.k",
+            )
+            .map_err(engine_err)?;
         let commit = client
             .prepare(
                 "WITH gone AS (DELETE FROM safs_kv WHERE k = ANY($1::bytea[])) \
@@ -420,6 +434,7 @@ impl PgStore {
             get,
             get_many,
             get_and_follow,
+            get_follow_and_range,
             scan,
             commit,
             fenced_commit,
@@ -655,6 +670,37 @@ impl MetaRead for PgStore {
                 .client
                 .query_opt(&c.get_and_follow, &[&key, &&prefix[..], &from])?;
             Ok(row.map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, Option<Vec<u8>>>(1))))
+        })
+    }
+
+    fn get_follow_and_range(
+        &self,
+        key: &[u8],
+        at: usize,
+        prefix: u8,
+        companion: u8,
+    ) -> Result<super::FollowedWith, MetaError> {
+        self.tally.get();
+        let from = i32::try_from(at + 1).unwrap_or(i32::MAX - 8);
+        let (prefix, companion) = ([prefix], [companion]);
+        self.with_conn(|c| {
+            let rows = c.client.query(
+                &c.get_follow_and_range,
+                &[&key, &&prefix[..], &from, &&companion[..]],
+            )?;
+            let Some(first) = rows.first() else {
+                return Ok(None);
+            };
+            let (value, pointee) = (
+                first.get::<_, Vec<u8>>(0),
+                first.get::<_, Option<Vec<u8>>>(1),
+            );
+            let range = pointee.is_some().then(|| {
+                rows.iter()
+                    .filter_map(|r| Some((r.get::<_, Option<Vec<u8>>>(2)?, r.get(3))))
+                    .collect()
+            });
+            Ok(Some((value, pointee, range)))
         })
     }
 
