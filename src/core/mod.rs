@@ -246,6 +246,8 @@ pub struct Fs {
     kernel: std::sync::OnceLock<KernelInval>,
     /// Volumes whose contents are in an object store (see `remote`).
     remote: Option<remote::Remote>,
+    /// Whether cold lookups read spill pages with the inode (see `cold`).
+    spill_hint: cold::SpillHint,
 }
 
 impl Fs {
@@ -340,6 +342,7 @@ impl Fs {
             setid_at_open: std::sync::atomic::AtomicBool::new(false),
             kernel: std::sync::OnceLock::new(),
             remote,
+            spill_hint: cold::SpillHint::default(),
         };
         fs.recover()?;
         if fs.remote.is_some() && !fs.opts.read_only {
