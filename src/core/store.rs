@@ -1497,10 +1497,14 @@ mod tests {
             ])
             .unwrap();
         let store = Store::new(engine, Duration::from_secs(3600), None);
-        let (_, p, range) = store
-            .get_follow_and_range(b"Dname", 1, b'I', b'S')
-            .unwrap()
-            .unwrap();
+        let follow = || {
+            let (_, p, range) = store
+                .get_follow_and_range(b"Dname", 1, b'I', b'S')
+                .unwrap()
+                .unwrap();
+            (p, range)
+        };
+        let (p, range) = follow();
         assert_eq!(p, Some(b"inode".to_vec()));
         assert_eq!(
             range,
@@ -1511,21 +1515,13 @@ mod tests {
             b"S\0\0\0\0\0\0\0\x07\x01".to_vec(),
             Some(b"p1".to_vec()),
         )]);
-        let (_, p, range) = store
-            .get_follow_and_range(b"Dname", 1, b'I', b'S')
-            .unwrap()
-            .unwrap();
-        assert_eq!((p, range), (Some(b"inode".to_vec()), None));
+        assert_eq!(follow(), (Some(b"inode".to_vec()), None));
         // A newer inode waiting wins over the engine's.
         store.apply(vec![(
             b"I\0\0\0\0\0\0\0\x07".to_vec(),
             Some(b"newer".to_vec()),
         )]);
-        let (_, p, _) = store
-            .get_follow_and_range(b"Dname", 1, b'I', b'S')
-            .unwrap()
-            .unwrap();
-        assert_eq!(p, Some(b"newer".to_vec()));
+        assert_eq!(follow().0, Some(b"newer".to_vec()));
         store.close().unwrap();
     }
 
