@@ -244,6 +244,13 @@ impl Checker<'_> {
                 if !owned {
                     if self.unclean && ino.is_some_and(|i| i >= ahead_from) {
                         ahead += 1;
+                    } else if self.remote && ino.is_some_and(|i| !self.inodes.contains_key(&i)) {
+                        // Only a node's cache: the copy of a file another
+                        // node freed while this one held it cached.
+                        self.leftover(format!(
+                            "cached copy {} of a file freed since (on another node)",
+                            e.path().display()
+                        ));
                     } else {
                         self.leftover_or_find(format!(
                             "backing file {} belongs to no file",
