@@ -11,7 +11,7 @@ mod store;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::time::Duration;
 
 use common::*;
@@ -555,23 +555,37 @@ fn two_nodes_share_nothing_but_the_database_and_the_store() {
     let mut a = Node::mount(va.clone(), dir.path().join("mnt-a"));
     let mut b = Node::mount(vb.clone(), dir.path().join("mnt-b"));
 
-    // Written and closed on A, read exactly on B, and the other way.
+    // Written and closed on A, read exactly on B right after the close
+    // returned (close-to-open: the close puts the contents in the store),
+    // and the other way.
     let one = pattern(7, 6 * MIB + 5);
     fs::write(a.path("one"), &one).unwrap();
-    assert!(wait_until(Duration::from_secs(10), || fs::read(
-        b.path("one")
-    )
-    .ok()
-    .as_ref()
-        == Some(&one)));
+    assert!(
+        fs::read(b.path("one")).unwrap() == one,
+        "B does not read A's closed file"
+    );
     let two = pattern(8, 3000);
     fs::write(b.path("two"), &two).unwrap();
-    assert!(wait_until(Duration::from_secs(10), || fs::read(
-        a.path("two")
-    )
-    .ok()
-    .as_ref()
-        == Some(&two)));
+    assert!(
+        fs::read(a.path("two")).unwrap() == two,
+        "A does not read B's closed file"
+    );
+    // Written again right after an fsync uploaded it (within the same
+    // tick of the clock): the close still puts the last bytes in the store.
+    for i in 0..5u8 {
+        let name = format!("again-{i}");
+        let f = File::create(a.path(&name)).unwrap();
+        f.write_all_at(&pattern(i, 300_000), 0).unwrap();
+        f.sync_all().unwrap();
+        f.write_all_at(b"written after the fsync", 1000).unwrap();
+        drop(f);
+        let mut want = pattern(i, 300_000);
+        want[1000..1023].copy_from_slice(b"written after the fsync");
+        assert!(
+            fs::read(b.path(&name)).unwrap() == want,
+            "{name}: B reads the bytes before the fsync"
+        );
+    }
     // Changed on B after A has read it: A's next open reads B's bytes.
     let f = OpenOptions::new().write(true).open(b.path("one")).unwrap();
     f.write_all_at(b"changed on b", 4 * MIB as u64 + 10)
@@ -604,12 +618,7 @@ fn two_nodes_share_nothing_but_the_database_and_the_store() {
         for i in 0..20 {
             let p = reader.path(&format!("m{tag}-{i}"));
             let want = pattern(tag * 50 + i, 70_000 + i as usize);
-            assert!(
-                wait_until(Duration::from_secs(10), || fs::read(&p).ok().as_ref()
-                    == Some(&want)),
-                "{} differs",
-                p.display()
-            );
+            assert!(fs::read(&p).unwrap() == want, "{} differs", p.display());
         }
     }
     // Removed on A while open on B: B reads on until it closes.
@@ -632,6 +641,62 @@ fn two_nodes_share_nothing_but_the_database_and_the_store() {
     assert_eq!(fs::read(b.path("one")).unwrap(), want);
     assert_eq!(fs::read(b.path("m1-3")).unwrap(), pattern(53, 70_003));
     b.unmount();
+}
+
+/// A file node A frees while node B still names it (a kernel reference,
+/// no open file): its block records wait for A's deleter, but B's open of
+/// it finds no file (or the file whole, while A still held it) — it never
+/// fetches objects being deleted, and keeps no cached copy of a file that
+/// is gone.
+#[test]
+fn an_open_on_one_node_of_a_file_the_other_freed_finds_nothing_and_caches_nothing() {
+    use std::os::fd::AsRawFd;
+    let (dir, _cluster, conninfo) = shared_volume("freed-open");
+    let (va, vb) = (dir.path().join("node-a"), dir.path().join("node-b"));
+    safs(["attach", s(&vb), "--meta", &conninfo]).assert_success("safs attach");
+    let mut a = Node::mount(va.clone(), dir.path().join("mnt-a"));
+    let mut b = Node::mount(vb.clone(), dir.path().join("mnt-b"));
+    for i in 0..6u8 {
+        let name = format!("f{i}");
+        fs::write(a.path(&name), pattern(i, 5 * MIB)).unwrap();
+        // B names the file (an O_PATH descriptor: a lookup, no open).
+        let p = b.path(&name);
+        assert!(wait_until(Duration::from_secs(10), || p.exists()));
+        let named = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH)
+            .open(&p)
+            .unwrap();
+        fs::remove_file(a.path(&name)).unwrap();
+        // Once B has seen the remove, opened again through the descriptor
+        // at several moments of A's deleter's second: the file whole or
+        // gone, never an I/O error (its objects being deleted) nor a part.
+        assert!(wait_until(Duration::from_secs(10), || !p.exists()));
+        std::thread::sleep(Duration::from_millis(170 * u64::from(i)));
+        let again = format!("/proc/self/fd/{}", named.as_raw_fd());
+        match fs::read(&again) {
+            // A has not let go of it yet (its RELEASE follows the close):
+            // an open file, read whole, as a local one would be.
+            Ok(bytes) => assert!(
+                bytes == pattern(i, 5 * MIB),
+                "{name}: {} bytes",
+                bytes.len()
+            ),
+            Err(e) => assert!(
+                matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESTALE)),
+                "{name}: {e}"
+            ),
+        }
+        drop(named);
+    }
+    a.unmount();
+    b.unmount();
+    for v in [&va, &vb] {
+        let out = safs(["fsck", s(v)]);
+        out.assert_success("fsck after both nodes");
+        assert!(!out.stdout.contains("leftover"), "{}", out.stdout);
+    }
+    assert_eq!(cached_bytes(&vb), 0, "node B cached a file that is gone");
 }
 
 /// Work run in a node's thread, given its mountpoint.

@@ -282,6 +282,33 @@ impl Fs {
         Ok(())
     }
 
+    /// Whether a close must put what was written in the object store
+    /// before it returns: on a volume other nodes may serve, where a file
+    /// closed on one node and opened on another must read the same bytes
+    /// (close-to-open). FUSE sends RELEASE after `close(2)` has returned;
+    /// FLUSH is inside it.
+    pub fn uploads_at_close(&self) -> bool {
+        self.remote.is_some() && self.is_shared()
+    }
+
+    /// The upload half of a FLUSH (a `close(2)` of a descriptor of `fh`)
+    /// on such a volume: what the file holds goes to the store and the map
+    /// and size that name it are applied; the commit to wait for before
+    /// the close returns (0: none, nothing changed). At every writer's
+    /// close, not only the last one's: another handle still counted may be
+    /// one whose RELEASE is on its way. The dirty mark stays until RELEASE
+    /// (a descriptor that shares `fh` may still write).
+    pub fn flush_written(&self, fh: Fh) -> Result<u64> {
+        if !self.uploads_at_close() {
+            return Ok(0);
+        }
+        let h = self.handle(fh)?;
+        if !h.writable || self.unwritten_since_upload(h.ino.0) {
+            return Ok(0);
+        }
+        self.upload(h.ino.0, super::remote::Upload::Sync)
+    }
+
     /// `fsync`: the backing file's data, then every metadata change so far.
     pub fn fsync(&self, fh: Fh, datasync: bool) -> Result<()> {
         self.sync_data(fh, datasync)?;

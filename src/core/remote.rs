@@ -104,6 +104,42 @@ pub(super) enum Upload {
     Recover,
 }
 
+/// A backing file's length and modification time, taken by an upload
+/// that then read all of it. Trusted only where a later write must change
+/// the time ("racy git"'s rule): the coarse clock read before the `stat`
+/// was already past it, so any write after the `stat` stamps a later time;
+/// and the time has nanoseconds (a filesystem that keeps seconds would
+/// stamp a write in the same second alike). A store through a shared
+/// mapping into a page already dirty stamps nothing: the close may miss
+/// it, the RELEASE's upload, which reads the file whole, does not (and
+/// `msync` is what makes such stores visible anyway).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Unwritten {
+    len: u64,
+    mtime: (i64, i64),
+}
+
+impl Unwritten {
+    /// `meta`'s, if the rule above holds for a `stat` made after `before`.
+    fn of(meta: &std::fs::Metadata, before: rustix::time::Timespec) -> Option<Unwritten> {
+        use std::os::unix::fs::MetadataExt;
+        let mtime = (meta.mtime(), meta.mtime_nsec());
+        let fine = mtime.1 % 1000 != 0;
+        (fine && (before.tv_sec, before.tv_nsec) > mtime).then_some(Unwritten {
+            len: meta.len(),
+            mtime,
+        })
+    }
+
+    fn now(meta: &std::fs::Metadata) -> Unwritten {
+        use std::os::unix::fs::MetadataExt;
+        Unwritten {
+            len: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+        }
+    }
+}
+
 /// What the store and the cache did since the mount (`safs info --stats`,
 /// metrics).
 #[derive(Debug, Default)]
@@ -194,6 +230,10 @@ pub(super) struct Remote {
     changes: Mutex<HashMap<u64, u64>>,
     /// Files whose last upload failed: tried again at unmount.
     failed: Mutex<HashSet<u64>>,
+    /// What each backing file looked like when an upload read all of it,
+    /// where any later write would show (see [`Unwritten`]): a close that
+    /// finds it so has nothing to upload.
+    uploaded: Mutex<HashMap<u64, Unwritten>>,
     deleter: Mutex<Option<JoinHandle<()>>>,
     stager: Mutex<Option<JoinHandle<()>>>,
     stop: Arc<(Mutex<bool>, Condvar)>,
@@ -245,6 +285,7 @@ impl Remote {
             bare: Mutex::new(HashSet::new()),
             changes: Mutex::new(HashMap::new()),
             failed: Mutex::new(HashSet::new()),
+            uploaded: Mutex::new(HashMap::new()),
             deleter: Mutex::new(None),
             stager: Mutex::new(None),
             stop: Arc::new((Mutex::new(false), Condvar::new())),
@@ -467,6 +508,16 @@ fn periodic(
         })
 }
 
+/// The records of objects just deleted go, durably, before the next page
+/// is read (a page read again would delete its objects twice).
+fn forget_deleted(meta: &Store, w: Vec<Write>) -> Result<()> {
+    let seq = {
+        let _lease = meta.lease()?;
+        meta.apply(w)
+    };
+    meta.wait_durable(seq)
+}
+
 /// A freed file's blocks (its [`keys::doomed_file`] record): their objects
 /// deleted, then their records, a page at a time, so that a stop halfway
 /// leaves the rest to the next pass. False if `stopping` cut it short.
@@ -500,10 +551,7 @@ fn delete_file_blocks(
         if w.is_empty() {
             return Ok(false);
         }
-        let _lease = meta.lease()?;
-        let seq = meta.apply(w);
-        drop(_lease);
-        meta.wait_durable(seq)?;
+        forget_deleted(meta, w)?;
         if stopping() {
             return Ok(false);
         }
@@ -553,10 +601,7 @@ fn delete_doomed(
         }
         let done = w.len();
         if done > 0 {
-            let _lease = meta.lease()?;
-            let seq = meta.apply(w);
-            drop(_lease);
-            meta.wait_durable(seq)?;
+            forget_deleted(meta, w)?;
         }
         if stopped || done < DELETE_BATCH {
             return Ok(());
@@ -598,6 +643,12 @@ impl Fs {
         if r.current.lock().contains(&ino) {
             return Ok(());
         }
+        // A file freed meanwhile (by another node: its block records wait
+        // for the deleter) has nothing to fetch, and no backing file here.
+        {
+            let mut st = self.state.lock();
+            self.inode(&mut st, ino)?;
+        }
         let map = self.known_map(r, ino)?;
         let digest = map_digest(&map);
         let path = self.data.path(ino);
@@ -619,6 +670,7 @@ impl Fs {
             r.current.lock().insert(ino);
             return Ok(());
         }
+        r.uploaded.lock().remove(&ino);
         if local.is_none() {
             drop(self.data.open(ino)?);
         }
@@ -791,6 +843,8 @@ impl Fs {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Some(0)),
             Err(e) => return Err(e.into()),
         };
+        r.uploaded.lock().remove(&ino);
+        let before = rustix::time::clock_gettime(rustix::time::ClockId::RealtimeCoarse);
         let meta = f.metadata()?;
         let mut len = meta.len();
         let old = self.known_map(r, ino)?;
@@ -982,9 +1036,14 @@ impl Fs {
         set_xattr(&f, MAP, &map_mark(&map_digest(&map)))?;
         r.maps.lock().insert(ino, map);
         let unchanged = r.changes.lock().get(&ino).copied().unwrap_or(0) == change;
-        let writers = self.state.lock().writers(ino);
-        if unchanged && len == meta.len() && writers <= u32::from(why == Upload::Close) {
-            remove_xattr(&f, DIRTY)?;
+        if unchanged && len == meta.len() {
+            if let Some(u) = Unwritten::of(&meta, before) {
+                r.uploaded.lock().insert(ino, u);
+            }
+            let writers = self.state.lock().writers(ino);
+            if writers <= u32::from(why == Upload::Close) {
+                remove_xattr(&f, DIRTY)?;
+            }
         }
         r.failed.lock().remove(&ino);
         if !sent.is_empty() {
@@ -995,6 +1054,18 @@ impl Fs {
             );
         }
         Ok(Some(seq))
+    }
+
+    /// Whether `ino`'s backing file is as the last upload that read all
+    /// of it found it (see [`Unwritten`]): nothing to upload.
+    pub(super) fn unwritten_since_upload(&self, ino: u64) -> bool {
+        let Some(r) = &self.remote else {
+            return true;
+        };
+        let Some(was) = r.uploaded.lock().get(&ino).copied() else {
+            return false;
+        };
+        std::fs::metadata(self.data.path(ino)).is_ok_and(|m| Unwritten::now(&m) == was)
     }
 
     /// [`Fs::upload`] where nobody waits for it (a writer's close): a
@@ -1106,6 +1177,7 @@ impl Fs {
         r.current.lock().remove(&ino);
         r.maps.lock().remove(&ino);
         r.changes.lock().remove(&ino);
+        r.uploaded.lock().remove(&ino);
         r.cache.lock().remove(ino);
         Ok(())
     }
@@ -1119,11 +1191,13 @@ impl Fs {
                     r.current.lock().remove(&ino);
                     r.maps.lock().remove(&ino);
                     r.bare.lock().remove(&ino);
+                    r.uploaded.lock().remove(&ino);
                 }
                 None => {
                     r.current.lock().clear();
                     r.maps.lock().clear();
                     r.bare.lock().clear();
+                    r.uploaded.lock().clear();
                 }
             }
         }
@@ -1190,6 +1264,25 @@ impl Fs {
         }
     }
 
+    /// `ino` is gone from the volume (another node freed it) and nothing
+    /// here refers to it any more: this node's cached copy of it goes, or
+    /// it would stay on the disk with no file to evict it for.
+    pub(super) fn drop_freed_copy(&self, ino: u64) {
+        let Some(r) = &self.remote else {
+            return;
+        };
+        let _g = r.lock(ino).lock();
+        r.cache.lock().remove(ino);
+        self.forget_contents(Some(ino));
+        match std::fs::remove_file(self.data.path(ino)) {
+            Ok(()) => tracing::debug!(ino, "dropped the cached copy of a file freed elsewhere"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(ino, error = %e, "cannot drop the cached copy of a freed file")
+            }
+        }
+    }
+
     /// Whether `ino`'s backing file was dropped from the cache since its
     /// fetch (asked under the state lock, after the fetch): the caller
     /// fetches again.
@@ -1252,6 +1345,7 @@ impl Fs {
                 return Ok(Some(false));
             }
             r.current.lock().remove(&ino);
+            r.uploaded.lock().remove(&ino);
         }
         match std::fs::remove_file(&path) {
             Ok(()) => Ok(Some(true)),

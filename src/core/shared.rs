@@ -174,7 +174,12 @@ impl Fs {
             }
             let unlinked = match self.load_opt(&mut st, ino)? {
                 Some(c) => c.inode.nlink == 0,
-                None => false,
+                None => {
+                    // Freed by another node while this one held it.
+                    drop(st);
+                    self.drop_freed_copy(ino);
+                    return Ok(());
+                }
             };
             if !unlinked {
                 return Ok(());

@@ -395,15 +395,7 @@ impl Store {
         if !self.engine.follows_in_one_read() {
             return Ok(self.get(key)?.map(|v| (v, None)));
         }
-        let since = {
-            let ov = self.overlay.lock();
-            if ov.pending.contains_key(key) || ov.committing.contains_key(key) {
-                None
-            } else {
-                Some(ov.durable_seq)
-            }
-        };
-        let Some(since) = since else {
+        let Some(since) = self.durable_unless_waiting(key) else {
             // The entry is waiting to be committed: read each in turn.
             let Some(value) = self.get(key)? else {
                 return Ok(None);
@@ -417,20 +409,7 @@ impl Store {
         let Some((value, pointee)) = self.engine.get_and_follow(key, at, prefix)? else {
             return Ok(None);
         };
-        let Some(k) = crate::meta::pointer_key(&value, at, prefix) else {
-            return Ok(Some((value, None)));
-        };
-        // The pointee may have changed after the engine read it: a newer
-        // value waiting in the overlay wins, and if a commit landed
-        // meanwhile, what the engine said may be older than it: ask again.
-        let ov = self.overlay.lock();
-        let newer = ov.pending.get(&k[..]).or_else(|| ov.committing.get(&k[..]));
-        if let Some(v) = newer {
-            return Ok(Some((value, v.clone())));
-        }
-        let moved = ov.durable_seq != since;
-        drop(ov);
-        let pointee = if moved { self.get(&k)? } else { pointee };
+        let (pointee, _) = self.settle_followed(&value, pointee, since, at, prefix, None)?;
         Ok(Some((value, pointee)))
     }
 
@@ -449,12 +428,7 @@ impl Store {
         if !self.engine.follows_in_one_read() {
             return Ok(self.get(key)?.map(|v| (v, None, None)));
         }
-        let since = {
-            let ov = self.overlay.lock();
-            let waiting = ov.pending.contains_key(key) || ov.committing.contains_key(key);
-            (!waiting).then_some(ov.durable_seq)
-        };
-        let Some(since) = since else {
+        let Some(since) = self.durable_unless_waiting(key) else {
             return Ok(self
                 .get_and_follow(key, at, prefix)?
                 .map(|(v, p)| (v, p, None)));
@@ -465,28 +439,54 @@ impl Store {
         else {
             return Ok(None);
         };
-        let Some(k) = crate::meta::pointer_key(&value, at, prefix) else {
-            return Ok(Some((value, None, None)));
-        };
-        let mut lo = k.to_vec();
-        lo[0] = companion;
-        let mut hi = lo.clone();
-        hi.push(0xff);
-        // As in get_and_follow: a newer pointee waiting wins, a commit
-        // landed meanwhile means asking again; and the range counts only
-        // if the overlay holds nothing of it.
+        let (pointee, range_holds) =
+            self.settle_followed(&value, pointee, since, at, prefix, Some(companion))?;
+        Ok(Some((value, pointee, range.filter(|_| range_holds))))
+    }
+
+    /// The durable sequence number now, unless `key` waits in the overlay
+    /// (then the engine's value of it is not the current one).
+    fn durable_unless_waiting(&self, key: &[u8]) -> Option<u64> {
         let ov = self.overlay.lock();
-        let touched = ov.pending.range(lo.clone()..hi.clone()).next().is_some()
-            || ov.committing.range(lo..hi).next().is_some();
-        let range = range.filter(|_| !touched && ov.durable_seq == since);
-        let newer = ov.pending.get(&k[..]).or_else(|| ov.committing.get(&k[..]));
-        if let Some(v) = newer {
-            return Ok(Some((value, v.clone(), range)));
-        }
+        let waiting = ov.pending.contains_key(key) || ov.committing.contains_key(key);
+        (!waiting).then_some(ov.durable_seq)
+    }
+
+    /// Squares what the engine said of `value`'s pointee (read when
+    /// `since` was the durable sequence number) with the overlay: a newer
+    /// pointee waiting wins, and a commit landed meanwhile means what the
+    /// engine said may be older than it: asked again. With `companion`,
+    /// also whether the engine's read of the pointee's companion range
+    /// still holds (nothing of it waits, nothing landed since).
+    fn settle_followed(
+        &self,
+        value: &[u8],
+        pointee: Option<Vec<u8>>,
+        since: u64,
+        at: usize,
+        prefix: u8,
+        companion: Option<u8>,
+    ) -> Result<(Option<Vec<u8>>, bool)> {
+        let Some(k) = crate::meta::pointer_key(value, at, prefix) else {
+            return Ok((None, false));
+        };
+        let ov = self.overlay.lock();
         let moved = ov.durable_seq != since;
+        let range_holds = companion.is_some_and(|c| {
+            let mut lo = k.to_vec();
+            lo[0] = c;
+            let mut hi = lo.clone();
+            hi.push(0xff);
+            !moved
+                && ov.pending.range(lo.clone()..hi.clone()).next().is_none()
+                && ov.committing.range(lo..hi).next().is_none()
+        });
+        if let Some(v) = ov.pending.get(&k[..]).or_else(|| ov.committing.get(&k[..])) {
+            return Ok((v.clone(), range_holds));
+        }
         drop(ov);
         let pointee = if moved { self.get(&k)? } else { pointee };
-        Ok(Some((value, pointee, range)))
+        Ok((pointee, range_holds))
     }
 
     /// Up to `limit` live pairs in `[start, end)`, merged across overlay and

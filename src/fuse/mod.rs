@@ -203,7 +203,9 @@ impl SafsFuse {
             // The worker is gone (it never stops before the session): answer
             // rather than drop the reply.
             let reply = match job {
-                syncer::Job::File { reply, .. } | syncer::Job::Dir { reply } => reply,
+                syncer::Job::File { reply, .. }
+                | syncer::Job::Dir { reply }
+                | syncer::Job::Flush { reply, .. } => reply,
             };
             reply.0.error(libc::EIO);
         }
@@ -274,8 +276,11 @@ impl SafsFuse {
     fn open_out(&self, h: &core::Handle) -> abi::OpenOut {
         // A FLUSH at each close costs a round trip (+20 µs per open and
         // close here): asked for only on inodes this daemon has locked.
+        // And at every close of a file open for writing on a volume other
+        // nodes share: the close puts its contents in the store.
         let flags = match self.locks.get() {
             Some(l) if l.has_locked(h.ino.0) => 0,
+            _ if h.writable && self.fs.uploads_at_close() => 0,
             _ => FILE_OPEN_FLAGS,
         };
         match self.backing_for(h) {
@@ -633,11 +638,24 @@ impl SafsFuse {
                 }
                 Written(reply).answer(self.fs.write(Fh(fh), offset, data));
             }
-            Req::Flush { lock_owner, .. } => {
+            Req::Flush { fh, lock_owner } => {
                 let _t = self.stats.start(Op::Flush);
-                match self.locks.get().map(|l| l.flush(ino.0, lock_owner)) {
-                    Some(Err(e)) => reply.error(e.errno()),
-                    _ => reply.send(&[]),
+                let locks = self.locks.get().cloned();
+                let drop_locks = move || locks.map_or(Ok(()), |l| l.flush(ino.0, lock_owner));
+                // On a volume other nodes share, what was written goes to
+                // the store before the close returns, and before the
+                // owner's locks go (close-to-open across nodes).
+                match self.fs.flush_written(Fh(fh)) {
+                    Ok(0) => Empty(reply).answer(drop_locks()),
+                    Ok(_) => self.sync_job(syncer::Job::Flush {
+                        after: Box::new(drop_locks),
+                        reply: Empty(reply),
+                    }),
+                    Err(e) => {
+                        // The descriptor is closed all the same.
+                        let _ = drop_locks();
+                        reply.error(e.errno());
+                    }
                 }
             }
             Req::Release { fh, .. } => {

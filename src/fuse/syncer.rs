@@ -1,7 +1,8 @@
-//! One worker answers `fsync` and `fsyncdir`: they wait for a commit, which
+//! One worker answers `fsync`, `fsyncdir` and the FLUSH of a file whose
+//! close put contents in the object store: they wait for a commit, which
 //! must not hold a request thread. It takes every request queued meanwhile
-//! as one group — each file's data made durable, then a single wait for the
-//! metadata commit that covers them all — and owns their replies until
+//! as one group — each file's data made durable, then a single wait for
+//! the metadata commit that covers them all — and owns their replies until
 //! then.
 
 use std::sync::Arc;
@@ -19,7 +20,14 @@ pub(super) enum Job {
     },
     /// `fsync` of a directory: every metadata change so far.
     Dir { reply: Empty },
+    /// FLUSH (a `close(2)`) of a file whose contents went to the object
+    /// store for it (a volume other nodes share): the commit naming them
+    /// before `close` returns; then `after` (the closing owner's record
+    /// locks go, once what they guarded is visible to every node).
+    Flush { after: After, reply: Empty },
 }
+
+type After = Box<dyn FnOnce() -> crate::core::Result<()> + Send>;
 
 /// Starts the worker; it ends when the returned sender (and its clones)
 /// are dropped with the session.
@@ -34,7 +42,7 @@ pub(super) fn start(fs: Arc<Fs>) -> Sender<Job> {
 
 fn run(fs: &Fs, rx: &Receiver<Job>) {
     while let Ok(first) = rx.recv() {
-        let mut waiting = Vec::new();
+        let mut waiting: Vec<(Empty, Option<After>)> = Vec::new();
         for job in std::iter::once(first).chain(rx.try_iter()) {
             match job {
                 Job::File {
@@ -42,20 +50,20 @@ fn run(fs: &Fs, rx: &Receiver<Job>) {
                     datasync,
                     reply,
                 } => match fs.sync_data(fh, datasync) {
-                    Ok(()) => waiting.push(reply),
+                    Ok(()) => waiting.push((reply, None)),
                     Err(e) => reply.answer(Err(e)),
                 },
-                Job::Dir { reply } => waiting.push(reply),
+                Job::Dir { reply } => waiting.push((reply, None)),
+                Job::Flush { after, reply } => waiting.push((reply, Some(after))),
             }
         }
         // One commit wait covers every change made before these requests.
-        match fs.sync() {
-            Ok(()) => waiting.into_iter().for_each(|r| r.value(())),
-            Err(e) => {
-                let errno = e.errno();
-                for r in waiting {
-                    r.0.error(errno);
-                }
+        let synced = fs.sync().map_err(|e| e.errno());
+        for (reply, after) in waiting {
+            let done = after.map_or(Ok(()), |f| f()).map_err(|e| e.errno());
+            match synced.and(done) {
+                Ok(()) => reply.value(()),
+                Err(errno) => reply.0.error(errno),
             }
         }
     }
