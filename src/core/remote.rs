@@ -1033,6 +1033,13 @@ impl Fs {
             }
             if w.is_empty() { 0 } else { self.store.apply(w) }
         };
+        // The marks say the store and the engine hold this file: not before
+        // that is durable. Set earlier, a crash losing the commit left a
+        // clean-looking backing file beside the older map (recovery then
+        // took its size for the file's, and nothing uploaded it again).
+        if seq > 0 {
+            self.store.wait_durable(seq)?;
+        }
         set_xattr(&f, MAP, &map_mark(&map_digest(&map)))?;
         r.maps.lock().insert(ino, map);
         let unchanged = r.changes.lock().get(&ino).copied().unwrap_or(0) == change;
