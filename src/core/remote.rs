@@ -1147,6 +1147,7 @@ impl Fs {
                 };
                 if marked_dirty(&e.path())? {
                     self.upload(ino, Upload::Recover)?;
+                    self.doom_unnamed(r, ino)?;
                     done += 1;
                 }
                 // Empty ones (the pool's made-ahead files among them) take
@@ -1167,6 +1168,50 @@ impl Fs {
         }
         self.trim_cache();
         Ok(done)
+    }
+
+    /// After the recovery of a file a stopped daemon left dirty: the
+    /// objects under its prefix that its map does not name (blocks the
+    /// stager sent, an upload the kill cut short) are queued for deletion,
+    /// rather than left for `fsck --repair`. Only where this node is the
+    /// volume's only one: on a shared volume another node writing the same
+    /// file may be about to name what it staged.
+    fn doom_unnamed(&self, r: &Remote, ino: u64) -> Result<()> {
+        if self.is_shared() {
+            return Ok(());
+        }
+        let listed = match r.store.list(&blocks::object_prefix(ino)) {
+            Ok(l) => l,
+            Err(e) => {
+                // Garbage, not damage: fsck lists what is left.
+                tracing::warn!(ino, error = %e, "cannot list a recovered file's objects");
+                return Ok(());
+            }
+        };
+        if listed.is_empty() {
+            return Ok(());
+        }
+        let map = self.block_map(ino)?;
+        let unnamed: Vec<(u32, u64)> = listed
+            .iter()
+            .filter_map(|o| blocks::parse_object_key(&o.key))
+            .filter(|&(i, idx, g)| {
+                i == ino
+                    && map
+                        .get(&idx)
+                        .is_none_or(|b| !b.has_object() || b.generation != g)
+            })
+            .map(|(_, idx, g)| (idx, g))
+            .collect();
+        if !unnamed.is_empty() {
+            tracing::info!(
+                ino,
+                objects = unnamed.len(),
+                "objects a stopped daemon sent and no record names: queued for deletion"
+            );
+            doom(&self.store, ino, &unnamed);
+        }
+        Ok(())
     }
 
     /// Deletes `ino`'s block records and queues its objects (the inode is

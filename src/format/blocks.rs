@@ -111,6 +111,11 @@ pub fn object_key(ino: u64, block: u32, generation: u64) -> String {
     )
 }
 
+/// The prefix every [`object_key`] of file `ino` starts with.
+pub fn object_prefix(ino: u64) -> String {
+    format!("b/{:02x}/{ino:016x}/", ino & 0xff)
+}
+
 /// The inode, block and generation an [`object_key`] names; `None` for a
 /// key no safs volume makes.
 pub fn parse_object_key(key: &str) -> Option<(u64, u32, u64)> {
