@@ -122,13 +122,9 @@ struct Unwritten {
 impl Unwritten {
     /// `meta`'s, if the rule above holds for a `stat` made after `before`.
     fn of(meta: &std::fs::Metadata, before: rustix::time::Timespec) -> Option<Unwritten> {
-        use std::os::unix::fs::MetadataExt;
-        let mtime = (meta.mtime(), meta.mtime_nsec());
-        let fine = mtime.1 % 1000 != 0;
-        (fine && (before.tv_sec, before.tv_nsec) > mtime).then_some(Unwritten {
-            len: meta.len(),
-            mtime,
-        })
+        let u = Unwritten::now(meta);
+        let fine = u.mtime.1 % 1000 != 0;
+        (fine && (before.tv_sec, before.tv_nsec) > u.mtime).then_some(u)
     }
 
     fn now(meta: &std::fs::Metadata) -> Unwritten {

@@ -473,10 +473,7 @@ impl Store {
         let ov = self.overlay.lock();
         let moved = ov.durable_seq != since;
         let range_holds = companion.is_some_and(|c| {
-            let mut lo = k.to_vec();
-            lo[0] = c;
-            let mut hi = lo.clone();
-            hi.push(0xff);
+            let (lo, hi) = crate::meta::companion_range(&k, c);
             !moved
                 && ov.pending.range(lo.clone()..hi.clone()).next().is_none()
                 && ov.committing.range(lo..hi).next().is_none()
@@ -1459,10 +1456,8 @@ mod tests {
                 return Ok(None);
             };
             let range = match (&p, crate::meta::pointer_key(&v, at, prefix)) {
-                (Some(_), Some(mut lo)) => {
-                    lo[0] = companion;
-                    let mut hi = lo.to_vec();
-                    hi.push(0xff);
+                (Some(_), Some(k)) => {
+                    let (lo, hi) = crate::meta::companion_range(&k, companion);
                     Some(self.0.scan(&lo, &hi, usize::MAX)?)
                 }
                 _ => None,

@@ -271,6 +271,17 @@ pub fn pointer_key(value: &[u8], at: usize, prefix: u8) -> Option<[u8; 9]> {
     Some(k)
 }
 
+/// The key range `[companion ‖ p, companion ‖ p ‖ 0xff)` of the records
+/// that go with pointee `key` (`prefix ‖ p`): see
+/// [`MetaRead::get_follow_and_range`].
+pub fn companion_range(key: &[u8; 9], companion: u8) -> (Vec<u8>, Vec<u8>) {
+    let mut lo = key.to_vec();
+    lo[0] = companion;
+    let mut hi = lo.clone();
+    hi.push(0xff);
+    (lo, hi)
+}
+
 /// What an engine has been asked to do since it was opened: the figure that
 /// shows whether a request was served from memory or read the engine.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
