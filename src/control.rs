@@ -139,6 +139,7 @@ pub fn stats_reply(fs: &Fs, stats: &Stats) -> StatsReply {
             }
         },
         uring_queues: stats.transport.uring_queues(),
+        uring_caller_moves: stats.transport.uring_caller_moves(),
         inline_bytes: fs.inline_budget() as u64,
         commits: Some({
             let h = fs.health();

@@ -137,3 +137,97 @@ fn a_bad_transport_is_refused_clearly() {
     );
     assert!(!is_fuse_mounted(v.mnt()));
 }
+
+/// Pins the calling thread to `cpu`.
+#[allow(unsafe_code)]
+fn pin(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is the empty set; `cpu` is below its size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set),
+            0
+        );
+    }
+}
+
+/// The requests `safs info --stats` says came from a caller that had moved.
+fn caller_moves(stats: &str) -> u64 {
+    let line = stats
+        .lines()
+        .find(|l| l.contains("came from a caller the scheduler had moved"))
+        .unwrap_or_else(|| panic!("no caller-move line: {stats}"));
+    line.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// The scheduling policy of each io_uring queue thread of the daemon
+/// serving `v` (field 41 of `/proc/PID/task/TID/stat`).
+fn queue_policies(v: &TestVolume) -> Vec<u32> {
+    let pid = daemon_pid(v.vol());
+    let mut policies = Vec::new();
+    for t in fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let dir = t.unwrap().path();
+        let comm = fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if !comm.starts_with("safs-uring-") {
+            continue;
+        }
+        let stat = fs::read_to_string(dir.join("stat")).unwrap();
+        // Fields after the command name, which ends with the last ')'.
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        let policy = rest.split(' ').nth(41 - 3).unwrap().parse().unwrap();
+        policies.push(policy);
+    }
+    policies
+}
+
+#[test]
+fn io_uring_queue_threads_let_their_callers_keep_their_cpu() {
+    if uring_enabled() != Some(true) || std::thread::available_parallelism().unwrap().get() < 2 {
+        // Nothing to yield over /dev/fuse; nowhere to move on one CPU.
+        return;
+    }
+    const SCHED_OTHER: u32 = 0;
+    const SCHED_IDLE: u32 = 5;
+    for (option, waiting) in [
+        ("uring_yield=1", SCHED_IDLE),
+        ("uring_yield=0", SCHED_OTHER),
+    ] {
+        let v = TestVolume::with_options(&["transport=uring", option]);
+        let f = v.path("f");
+        fs::write(&f, b"x").unwrap();
+        setxattr(&f, "user.k", b"v", 0).unwrap();
+        let f2 = f.clone();
+        let (moved_pinned, moved_hopping) = std::thread::spawn(move || {
+            pin(0);
+            getxattr(&f2, "user.k").unwrap();
+            let before = caller_moves(&stats(&v));
+            for _ in 0..300 {
+                getxattr(&f2, "user.k").unwrap();
+            }
+            let pinned = caller_moves(&stats(&v)) - before;
+            // A caller moved between CPUs at every request.
+            let before = caller_moves(&stats(&v));
+            for i in 0..300 {
+                pin(i % 2);
+                getxattr(&f2, "user.k").unwrap();
+            }
+            let hopping = caller_moves(&stats(&v)) - before;
+            let policies = queue_policies(&v);
+            assert!(!policies.is_empty(), "no queue thread found");
+            // Between requests every queue thread waits.
+            assert!(
+                policies.iter().all(|p| *p == waiting),
+                "{option}: waiting queue threads' policies {policies:?}"
+            );
+            (pinned, hopping)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(moved_pinned, 0, "{option}: a pinned caller never moved");
+        assert!(
+            (299..=300).contains(&moved_hopping),
+            "{option}: {moved_hopping} of 300 requests counted as moved"
+        );
+    }
+}

@@ -99,11 +99,19 @@ fn print_stats(sock: &Path, json: bool) -> anyhow::Result<()> {
         );
     }
     match &stats.uring_queues {
-        Some(q) => println!(
-            "transport:      FUSE over io_uring, {} queues; requests per queue: {}",
-            q.len(),
-            q.iter().map(u64::to_string).collect::<Vec<_>>().join(" ")
-        ),
+        Some(q) => {
+            println!(
+                "transport:      FUSE over io_uring, {} queues; requests per queue: {}",
+                q.len(),
+                q.iter().map(u64::to_string).collect::<Vec<_>>().join(" ")
+            );
+            let moved = stats.uring_caller_moves.unwrap_or(0);
+            println!(
+                "                {moved} requests ({}) came from a caller the scheduler had \
+                 moved to another CPU since its previous one",
+                ratio(moved, q.iter().sum::<u64>().saturating_sub(moved))
+            );
+        }
         None => println!("transport:      /dev/fuse"),
     }
     if stats.broken_counts > 0 {

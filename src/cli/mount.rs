@@ -51,6 +51,8 @@ pub struct MountArgs {
     /// store: 500M, 20G, 1T, a bare number in MiB; default 100G),
     /// transport=auto|uring|dev (FUSE over io_uring when the kernel offers
     /// it, the default, or required, or /dev/fuse reads and writes),
+    /// uring_yield=0|1 (io_uring queue threads run as SCHED_IDLE while they
+    /// wait and answer from memory, so a caller stays on its CPU; default 1),
     /// dircache=0|1 (the directory cache, half of cache_mb at most; on by
     /// default for encrypted and PostgreSQL volumes), passphrase_file=FILE (the passphrase of an encrypted volume, e.g.
     /// in /etc/fstab; encrypted volumes refuse passthrough),
@@ -110,6 +112,7 @@ struct MountOpts {
     /// Bytes of closed files' contents cached from the object store.
     cache_size: u64,
     threads: usize,
+    uring_yield: bool,
     cache_mb: u64,
     /// `None`: the core's default (on for encrypted volumes).
     dircache: Option<bool>,
@@ -133,6 +136,7 @@ impl MountOpts {
             dirsync: self.dirsync,
             atime: self.atime,
             threads: self.threads,
+            uring_yield: self.uring_yield,
             data_path: self.data_path,
             transport: self.transport,
         }
@@ -163,6 +167,7 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
         data_timeout: safs::objstore::Limits::default().timeout.as_secs(),
         cache_size: safs::core::DEFAULT_DATA_CACHE,
         threads: 4,
+        uring_yield: true,
         cache_mb: 256,
         dircache: None,
         passphrase_file: None,
@@ -243,6 +248,13 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
                 o.threads = num(val)? as usize;
                 if !(1..=64).contains(&o.threads) {
                     bail!("threads must be 1..=64");
+                }
+            }
+            "uring_yield" => {
+                o.uring_yield = match val {
+                    Some("0") => false,
+                    Some("1") => true,
+                    _ => bail!("option uring_yield needs 0 or 1"),
                 }
             }
             "dircache" => {
@@ -758,6 +770,21 @@ mod tests {
         assert_eq!(size_mib("0").unwrap(), 0);
         for bad in ["", "M", "12Q", "-1G", "1.5G", "99999999999T"] {
             assert!(size_mib(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn queue_threads_yield_unless_told_not_to() {
+        let opts = |o: &str| parse_options(&[o.to_string()]);
+        assert!(opts("allow_other").unwrap().uring_yield);
+        assert!(opts("uring_yield=1").unwrap().uring_yield);
+        assert!(!opts("uring_yield=0").unwrap().uring_yield);
+        for bad in ["uring_yield", "uring_yield=2", "uring_yield=yes"] {
+            let Err(e) = opts(bad) else {
+                panic!("{bad} was taken");
+            };
+            let e = e.to_string();
+            assert!(e.contains("uring_yield needs 0 or 1"), "{bad}: {e}");
         }
     }
 }

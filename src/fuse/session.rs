@@ -33,6 +33,9 @@ pub struct SessionOptions {
     pub atime: Atime,
     /// Request threads.
     pub threads: usize,
+    /// io_uring queue threads yield their CPU to the callers they answer
+    /// (`-o uring_yield=`).
+    pub uring_yield: bool,
     pub data_path: DataPath,
     /// How requests reach the daemon (`-o transport=`).
     pub transport: Transport,
@@ -95,6 +98,7 @@ pub struct Session {
     unmounter: Option<transport::Unmounter>,
     mountpoint: PathBuf,
     threads: usize,
+    uring_yield: bool,
     status: Arc<transport::Status>,
 }
 
@@ -130,6 +134,7 @@ impl Session {
             unmounter: Some(unmounter),
             mountpoint: mountpoint.to_path_buf(),
             threads: o.threads,
+            uring_yield: o.uring_yield,
             status,
         })
     }
@@ -162,6 +167,7 @@ impl Session {
             &transport::ServeOptions {
                 threads: self.threads,
                 uring_depth: URING_DEPTH,
+                uring_yield: self.uring_yield,
                 status: self.status,
             },
         )

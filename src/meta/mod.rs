@@ -299,11 +299,30 @@ pub struct EngineTally {
     commits: std::sync::atomic::AtomicU64,
 }
 
+thread_local! {
+    static BEFORE_READ: std::cell::Cell<Option<fn()>> = const { std::cell::Cell::new(None) };
+}
+
+/// Has `hook` run on the calling thread before each engine read it makes
+/// (the io_uring queue threads leave `SCHED_IDLE` before they wait for the
+/// engine).
+pub fn before_reads_on_this_thread(hook: fn()) {
+    BEFORE_READ.set(Some(hook));
+}
+
+fn before_read() {
+    if let Some(hook) = BEFORE_READ.get() {
+        hook();
+    }
+}
+
 impl EngineTally {
     pub fn get(&self) {
+        before_read();
         self.gets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     pub fn scan(&self) {
+        before_read();
         self.scans
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }

@@ -170,6 +170,11 @@ pub struct StatsReply {
     /// is served over `/dev/fuse`.
     #[serde(default)]
     pub uring_queues: Option<Vec<u64>>,
+    /// Over io_uring, requests whose caller had moved to another CPU since
+    /// its previous request (each such move costs the caller a wakeup on
+    /// another CPU: see `uring_yield` in the mount options).
+    #[serde(default)]
+    pub uring_caller_moves: Option<u64>,
     /// The volume's inline xattr budget, bytes.
     #[serde(default)]
     pub inline_bytes: u64,

@@ -35,6 +35,9 @@ pub struct ServeOptions {
     pub threads: usize,
     /// Entries per io_uring queue, when INIT enabled FUSE over io_uring.
     pub uring_depth: usize,
+    /// io_uring queue threads yield their CPU to the callers they answer
+    /// (`transport::yielding`).
+    pub uring_yield: bool,
     /// Where the session says which transport serves it (for stats).
     pub status: Arc<super::Status>,
 }
@@ -168,6 +171,7 @@ pub fn serve(
             Arc::clone(&handler),
             o.uring_depth,
             payload_size,
+            o.uring_yield,
         ) {
             Ok(q) => {
                 o.status.set_uring(q.counters());

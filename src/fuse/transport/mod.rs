@@ -14,6 +14,7 @@ mod test_wire;
 #[cfg(test)]
 mod tests;
 pub mod uring;
+mod yielding;
 
 pub use conn::{BackingId, Conn, Notifier};
 pub use dev::{InitOutcome, ServeOptions, serve};
@@ -34,6 +35,12 @@ impl Status {
     /// `None` over `/dev/fuse`; over io_uring, requests served per queue.
     pub fn uring_queues(&self) -> Option<Vec<u64>> {
         self.uring.get().map(uring::QueueCounts::counts)
+    }
+
+    /// Over io_uring, requests whose caller had moved to another CPU since
+    /// its previous request.
+    pub fn uring_caller_moves(&self) -> Option<u64> {
+        self.uring.get().map(uring::QueueCounts::moved)
     }
 }
 

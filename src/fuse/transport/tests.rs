@@ -187,6 +187,7 @@ fn start_uring(
         let o = ServeOptions {
             threads: 2,
             uring_depth: 4,
+            uring_yield: true,
             status: Default::default(),
         };
         let _ = tx.send(serve(&serving, handler, init, || {}, &o));
@@ -384,6 +385,7 @@ fn refused_init_fails_serve_and_the_callers() {
         let o = ServeOptions {
             threads: 1,
             uring_depth: 0,
+            uring_yield: true,
             status: Default::default(),
         };
         let handler = Arc::new(TestFs::default());

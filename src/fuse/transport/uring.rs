@@ -57,7 +57,7 @@ use std::time::Duration;
 use io_uring::{IoUring, cqueue, opcode, squeue, types};
 use parking_lot::Mutex;
 
-use super::{Handler, RawRequest, Reply};
+use super::{Handler, RawRequest, Reply, yielding};
 
 // ---- the kernel's ABI (include/uapi/linux/fuse.h, protocol 7.42+) ----
 
@@ -127,15 +127,28 @@ pub(super) struct Queues {
 #[derive(Clone)]
 pub(super) struct QueueCounts(Arc<[PaddedCounter]>);
 
-/// One queue's counter on its own cache line.
+/// One queue's counters on their own cache line.
 #[repr(align(64))]
 #[derive(Default)]
-struct PaddedCounter(AtomicU64);
+struct PaddedCounter {
+    served: AtomicU64,
+    /// Requests whose caller sent its previous one from another CPU.
+    moved: AtomicU64,
+}
 
 impl QueueCounts {
     /// Requests served so far, per queue.
     pub(super) fn counts(&self) -> Vec<u64> {
-        self.0.iter().map(|c| c.0.load(Ordering::Relaxed)).collect()
+        self.0
+            .iter()
+            .map(|c| c.served.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Requests so far whose caller had moved to another CPU since its
+    /// previous request, all queues.
+    pub(super) fn moved(&self) -> u64 {
+        self.0.iter().map(|c| c.moved.load(Ordering::Relaxed)).sum()
     }
 }
 
@@ -162,6 +175,7 @@ pub(super) fn start(
     handler: Arc<dyn Handler>,
     depth: usize,
     payload_size: usize,
+    yield_cpu: bool,
 ) -> io::Result<Queues> {
     if depth == 0 || depth > MAX_DEPTH {
         give_up_rings(fuse_fd);
@@ -192,7 +206,7 @@ pub(super) fn start(
                 // so the borrowed fd is still open.
                 // `tx` goes right after the report: `start` reads reports
                 // until every sender is gone.
-                match QueueThread::setup(qid, fd, depth, payload_size, handler, counts) {
+                match QueueThread::setup(qid, fd, depth, payload_size, handler, counts, yield_cpu) {
                     Ok(t) => {
                         let _ = tx.send((qid, Ok(Arc::clone(&t.queue))));
                         drop(tx);
@@ -639,6 +653,10 @@ struct QueueThread {
     cqes: Vec<(u64, i32)>,
     /// Replied entries being committed.
     done: Vec<Done>,
+    /// Each entry's last request's opcode (for the size of its reply).
+    opcodes: Vec<u32>,
+    /// A reply committed next may be large.
+    large_reply: bool,
 }
 
 impl QueueThread {
@@ -651,10 +669,12 @@ impl QueueThread {
         payload_size: usize,
         handler: Arc<dyn Handler>,
         counts: QueueCounts,
+        yield_cpu: bool,
     ) -> Result<QueueThread, (io::Error, Option<Box<QueueThread>>)> {
         if let Err(e) = pin_to_cpu(qid) {
             tracing::debug!(qid, error = %e, "io_uring queue thread not pinned");
         }
+        yielding::start(yield_cpu);
         let queue = Queue::new(qid as u16, depth, payload_size).map_err(|e| (e, None))?;
         let entries = (depth + 1).next_power_of_two() as u32;
         let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
@@ -675,6 +695,8 @@ impl QueueThread {
             disconnected: false,
             cqes: Vec::with_capacity(2 * entries as usize),
             done: Vec::with_capacity(depth),
+            opcodes: vec![0; depth],
+            large_reply: false,
         };
         t.arm_poll();
         for idx in 0..depth {
@@ -735,6 +757,11 @@ impl QueueThread {
                 }
                 break;
             }
+            // A reply made off this thread (a pooled READ, an fsync) wakes
+            // it through the eventfd: not as `SCHED_IDLE` behind a busy
+            // task.
+            let owed = in_user > 0;
+            yielding::before_wait(std::mem::take(&mut self.large_reply) || owed);
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY)) => {}
@@ -876,9 +903,13 @@ impl QueueThread {
             len = q.payload_size;
         }
         self.commit_ids[idx] = commit_id;
-        self.counts.0[q.qid as usize]
-            .0
-            .fetch_add(1, Ordering::Relaxed);
+        self.opcodes[idx] = opcode;
+        yielding::before_request(opcode, len);
+        let counts = &self.counts.0[q.qid as usize];
+        counts.served.fetch_add(1, Ordering::Relaxed);
+        if yielding::caller_moved(u32_at(&header, 32), q.qid) {
+            counts.moved.fetch_add(1, Ordering::Relaxed);
+        }
 
         let ent = &q.entries[idx];
         ent.req_len.store(len as u32, Ordering::Relaxed);
@@ -935,6 +966,7 @@ impl QueueThread {
                 // only reply.
                 unsafe { self.queue.write_reply(idx, s.unique, s.error, &[&s.body]) };
             }
+            self.large_reply |= yielding::large_reply(self.opcodes[idx]);
             let e = self.commit_sqe(idx);
             self.push(&e);
             self.ents[idx] = Ent::Kernel(CMD_COMMIT_AND_FETCH);
@@ -1178,6 +1210,8 @@ mod tests {
             disconnected: false,
             cqes: Vec::new(),
             done: Vec::new(),
+            opcodes: vec![0; 2],
+            large_reply: false,
         };
 
         let reg = sqe_bytes(t.register_sqe(1));
@@ -1553,7 +1587,7 @@ mod tests {
 
     fn start_queues(s: &mut Session, fs: &Arc<TestFs>) {
         let handler: Arc<dyn Handler> = Arc::clone(fs) as Arc<dyn Handler>;
-        s.queues = Some(start(s.fuse.as_fd(), handler, DEPTH, PAYLOAD).unwrap());
+        s.queues = Some(start(s.fuse.as_fd(), handler, DEPTH, PAYLOAD, true).unwrap());
     }
 
     fn served(s: &Session) -> u64 {
