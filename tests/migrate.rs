@@ -13,6 +13,20 @@ use std::time::Duration;
 use common::*;
 use safs::meta::postgres::cluster::TempCluster;
 
+/// Processes of safs whose arguments name `vol` (a migration's fsck,
+/// between its fork and its end).
+fn safs_processes_on(vol: &Path) -> usize {
+    let vol = vol.as_os_str().as_encoded_bytes();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .filter(|cmd| {
+            let mut args = cmd.split(|b| *b == 0);
+            args.next().is_some_and(|a0| a0.ends_with(b"safs")) && args.any(|a| a == vol)
+        })
+        .count()
+}
+
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -175,7 +189,12 @@ fn a_migration_killed_at_any_point_leaves_the_old_or_the_new_volume() {
         std::thread::sleep(Duration::from_millis(after_ms));
         let _ = child.kill();
         let _ = child.wait();
-        // A run killed during its closing fsck leaves that check running.
+        // A run killed during its closing fsck leaves that check running
+        // (forked, perhaps not yet holding the volume's lock): wait for it
+        // to end, then for the lock.
+        assert!(wait_until(Duration::from_secs(60), || {
+            safs_processes_on(v.vol()) == 0
+        }));
         assert!(v.wait_lock_released(Duration::from_secs(60)));
         // Whichever it is now, it mounts with everything in it.
         eprintln!(
