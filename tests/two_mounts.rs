@@ -132,9 +132,22 @@ impl Two {
     /// one machine), then must find it clean.
     #[track_caller]
     fn unmount_and_fsck(&mut self) {
+        let daemons: Vec<_> = [&self.a, &self.b]
+            .iter()
+            .map(|m| daemon_pid_at(&m.vol, &m.mnt))
+            .collect();
         for m in [&mut self.a, &mut self.b] {
             umount_once_released(&m.mnt).assert_success("umount");
             m.mounted = false;
+        }
+        // umount returns once the kernel lets go; each daemon then uploads,
+        // commits and ends its session, and fsck refuses a volume with a
+        // live session (the CI run at fb9deae met one still ending).
+        for pid in daemons {
+            assert!(
+                wait_until(Duration::from_secs(60), || !process_alive(pid)),
+                "daemon {pid} still running a minute after its unmount"
+            );
         }
         let out = safs(["fsck", self.v.vol().to_str().unwrap()]);
         out.assert_success("safs fsck after two mounts");
