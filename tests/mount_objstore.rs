@@ -1220,3 +1220,127 @@ fn an_encrypted_volume_moves_into_the_store_without_its_passphrase() {
     v.mount();
     assert_eq!(fs::read(v.path("f")).unwrap(), pattern(60, 5 * MIB));
 }
+
+/// A read-only open of a file the cache lacks does not wait for the whole
+/// file: each read brings in the blocks it touches, checked as a whole
+/// fetch checks them, while the rest comes in behind (so a damaged block
+/// fails the reads of it, not the open and the reads elsewhere); every
+/// block is fetched once; a writer's open and an `lseek` for holes finish
+/// the file; once whole it is marked current and never fetched again.
+/// Plain and encrypted.
+#[test]
+fn a_large_file_is_read_before_it_is_wholly_fetched() {
+    const BLOCK: usize = 4 * MIB;
+    for sealed in [false, true] {
+        let url = bucket(if sealed { "part-sealed" } else { "part" });
+        let root = tempfile::tempdir().unwrap();
+        let pass = root.path().join("pass");
+        fs::write(&pass, "a passphrase for the fill test\n").unwrap();
+        let mut args = vec!["--data", url.as_str()];
+        if sealed {
+            args.extend(["--encrypt", "--passphrase-file", s(&pass), "--kdf-testing"]);
+        }
+        let mut v = TestVolume::formatted(&args);
+        if sealed {
+            v.set_options(&[&format!("passphrase_file={}", s(&pass))]);
+        }
+        // The plaintext offset whose bytes lie at `backing` in the backing
+        // file (sealed: 4,096-byte units of 4,068 plaintext bytes).
+        let plain = |backing: usize| {
+            if sealed {
+                backing / 4096 * 4068
+            } else {
+                backing
+            }
+        };
+        v.mount();
+        let data = pattern(50, 16 * BLOCK + 1000);
+        fs::write(v.path("big"), &data).unwrap();
+        fs::write(v.path("seq"), &data[..10 * BLOCK]).unwrap();
+        let ino = std::os::unix::fs::MetadataExt::ino(&fs::metadata(v.path("big")).unwrap());
+        v.unmount();
+
+        // Block 15 of big damaged in the store.
+        let store = client(&url);
+        let key = objects(&store)
+            .into_iter()
+            .map(|(k, _)| k)
+            .find(|k| k.starts_with(&format!("b/{:02x}/{ino:016x}/0000000f.", ino & 0xff)))
+            .expect("block 15 of big");
+        let good = store.get(&key).unwrap();
+        let mut bad = good.clone();
+        bad[1000] ^= 1;
+        store.put(&key, bad).unwrap();
+        lose_cache(&v);
+        v.mount();
+        let fetched = |v: &TestVolume| store_stats(v)["fetched_blocks"].as_u64().unwrap();
+
+        let f = File::open(v.path("big")).unwrap();
+        let mut buf = vec![0u8; 4096];
+        for at in [plain(12 * BLOCK + 77), plain(3 * BLOCK + 5), 0] {
+            f.read_exact_at(&mut buf, at as u64).unwrap();
+            assert!(buf == data[at..at + 4096], "4 KiB at {at} differ");
+        }
+        let e = f
+            .read_exact_at(&mut buf, plain(15 * BLOCK + BLOCK / 2) as u64)
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+        // Holes are known once the file is whole: it cannot be; the reads
+        // of other blocks go on.
+        let e = nix::unistd::lseek(&f, 0, nix::unistd::Whence::SeekHole).unwrap_err();
+        assert_eq!(e, nix::errno::Errno::EIO);
+        let at = plain(16 * BLOCK);
+        f.read_exact_at(&mut buf[..500], at as u64).unwrap();
+        assert!(buf[..500] == data[at..at + 500]);
+        drop(f);
+        assert!(v.daemon_log().contains("does not match its block record"));
+
+        // Mended: read whole (what came in before is kept).
+        store.put(&key, good).unwrap();
+        let before = fetched(&v);
+        let f = File::open(v.path("big")).unwrap();
+        let hole = nix::unistd::lseek(&f, 0, nix::unistd::Whence::SeekHole).unwrap();
+        assert_eq!(hole as usize, data.len());
+        nix::unistd::lseek(&f, 0, nix::unistd::Whence::SeekSet).unwrap();
+        let mut whole = Vec::new();
+        std::io::Read::read_to_end(&mut &f, &mut whole).unwrap();
+        assert!(whole == data, "the whole file differs");
+        drop(f);
+        assert!(fetched(&v) - before < 17, "{before} then {}", fetched(&v));
+
+        // A reader going forward while the rest comes in behind.
+        let before = fetched(&v);
+        let mut seq = Vec::new();
+        std::io::Read::read_to_end(&mut File::open(v.path("seq")).unwrap(), &mut seq).unwrap();
+        assert!(seq == data[..10 * BLOCK], "the sequential read differs");
+        let blocks = if sealed { 11 } else { 10 };
+        assert_eq!(fetched(&v) - before, blocks, "every block once");
+        // Marked current by the last read: opened again, nothing fetched.
+        let mut again = Vec::new();
+        std::io::Read::read_to_end(&mut File::open(v.path("seq")).unwrap(), &mut again).unwrap();
+        assert!(again == seq);
+        assert_eq!(fetched(&v) - before, blocks);
+
+        // A writer's open while a reader fills finishes the file first.
+        v.unmount();
+        lose_cache(&v);
+        v.mount();
+        let r = File::open(v.path("big")).unwrap();
+        r.read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(buf, data[..4096]);
+        let w = OpenOptions::new().write(true).open(v.path("big")).unwrap();
+        w.write_all_at(b"written", 9 * BLOCK as u64).unwrap();
+        drop(w);
+        let mut want = data.clone();
+        want[9 * BLOCK..9 * BLOCK + 7].copy_from_slice(b"written");
+        let mut got = Vec::new();
+        std::io::Read::read_to_end(&mut &r, &mut got).unwrap();
+        assert!(got == want, "a reader's view after the write differs");
+        drop(r);
+        v.unmount();
+        lose_cache(&v);
+        v.mount();
+        assert!(fs::read(v.path("big")).unwrap() == want);
+        v.unmount();
+    }
+}

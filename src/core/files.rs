@@ -61,8 +61,12 @@ impl Fs {
         if mode.truncate || (mode.write && self.setid_at_open()) {
             self.load_creds_for_set_ids(ctx, ino);
         }
+        let read_only = !mode.write && !mode.truncate;
         let h = loop {
-            if !mode.truncate {
+            // A read-only open of a large file not fetched yet reads it in
+            // part (see `remote::partial`); any other fetches it whole.
+            let partial = read_only && self.begin_partial(ino)?;
+            if !mode.truncate && !partial {
                 self.fetch(ino)?;
             }
             // None: dropped from the cache since the fetch.
@@ -78,7 +82,12 @@ impl Fs {
 
     fn open_locked(&self, ctx: &Ctx, ino: u64, mode: OpenMode) -> Result<Option<Arc<Handle>>> {
         let mut st = self.state.lock();
-        if !mode.truncate && self.evicted(ino) {
+        let evicted = if mode.write {
+            self.evicted(ino)
+        } else {
+            self.evicted_unless_filling(ino)
+        };
+        if !mode.truncate && evicted {
             return Ok(None);
         }
         let mut inode = self.inode(&mut st, ino)?;
@@ -221,6 +230,7 @@ impl Fs {
 
     pub fn read(&self, fh: Fh, offset: u64, size: u32) -> Result<Vec<u8>> {
         let h = self.handle(fh)?;
+        self.fill(h.ino.0, offset, u64::from(size))?;
         Ok(self.data.read(&h.file, h.ino.0, offset, size)?)
     }
 
@@ -270,6 +280,11 @@ impl Fs {
         }
         if closed.last {
             self.observe_reads(&mut st, h.ino.0, &h.file);
+            if let Ok(inode) = self.inode(&mut st, h.ino.0) {
+                self.end_partial(h.ino.0, Some(inode.mtime));
+            } else {
+                self.end_partial(h.ino.0, None);
+            }
         }
         self.commit(w)?;
         drop(st);
@@ -372,6 +387,10 @@ impl Fs {
     /// `lseek` for `SEEK_DATA`/`SEEK_HOLE`, answered by the backing file.
     pub fn lseek(&self, fh: Fh, offset: i64, whence: i32) -> Result<i64> {
         let h = self.handle(fh)?;
+        // Holes are where the backing file has them once it is whole.
+        if self.served_by_daemon(h.ino.0) {
+            self.fetch(h.ino.0)?;
+        }
         Ok(self.data.lseek(&h.file, h.ino.0, offset, whence)?)
     }
 }

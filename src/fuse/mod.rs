@@ -249,7 +249,10 @@ impl SafsFuse {
     /// the kernel if the inode has none yet; `None` means the daemon serves
     /// this handle's I/O.
     fn backing_for(&self, h: &core::Handle) -> Option<Arc<BackingId>> {
-        if !self.passthrough() {
+        // A file read before it is wholly fetched: the daemon serves every
+        // handle of it until its last close (the kernel mixes no cached and
+        // passed-through opens of one inode).
+        if !self.passthrough() || self.fs.served_by_daemon(h.ino.0) {
             return None;
         }
         let (conn, _) = self.conn.get()?;

@@ -28,6 +28,12 @@
 //!   the whole file at open pays for it here). Buffered I/O: FUSE offers no O_DIRECT unless
 //!   the daemon asks for direct_io. Best of `--reps`, in IOPS.
 //!
+//! - `first 4 KiB cold`: after making the target cold, open the file and
+//!   `pread` 4 KiB from its middle, µs: how long an application waits for
+//!   the first bytes of a large file it does not have (a filesystem that
+//!   brings the whole file in at open pays for all of it here). Best of
+//!   `--reps`.
+//!
 //! MB/s are 10^6 bytes per second. Requests per operation are per MiB for
 //! the sequential rows and per read for the random one.
 
@@ -45,6 +51,7 @@ pub const READ: &str = "read cold";
 pub const READ_HOT: &str = "read hot";
 pub const RANDOM: &str = "random 4 KiB read cold";
 pub const SMALL: &str = "4 KiB writes";
+pub const FIRST: &str = "first 4 KiB cold";
 
 /// Writes in the small-writes row.
 const SMALL_WRITES: usize = 20_000;
@@ -95,11 +102,19 @@ pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
     let mut hot = s.row(READ_HOT, None, Unit::MbPerSec);
     let mut random = s.row(RANDOM, None, Unit::Iops);
     let mut small = s.row(SMALL, Some(SMALL_WRITES as u64), Unit::UsPerOp);
+    let mut first = s.row(FIRST, None, Unit::UsPerOp);
     let file = cpath(&s.dir.join("big"));
     let small_file = cpath(&s.dir.join("small"));
     let ready = prepared(
         ops::mkdirs(s.dir),
-        &mut [&mut write, &mut read, &mut hot, &mut random, &mut small],
+        &mut [
+            &mut write,
+            &mut read,
+            &mut hot,
+            &mut random,
+            &mut small,
+            &mut first,
+        ],
     )?;
     if ready.is_some() {
         let mut rng = Rng(SEED);
@@ -154,10 +169,18 @@ pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
             ctx.phase(t, &mut random, spec, |ctx| {
                 random_reads(ctx, &file, &blocks, &mut buf[..BLOCK as usize])
             })?;
+            let l = s.label("open + 4 KiB from the middle, cold");
+            let spec = PhaseSpec::new(&l, 1, reps, true);
+            let middle = bytes / 2 / BLOCK * BLOCK;
+            ctx.phase(t, &mut first, spec, |ctx| {
+                let b = &mut buf[..BLOCK as usize];
+                random_reads_at(ctx, &file, &[middle / BLOCK], b, false)
+            })?;
         } else {
             skipped(&mut read, &write);
             skipped(&mut hot, &write);
             skipped(&mut random, &write);
+            skipped(&mut first, &write);
         }
         let l = s.label(&format!("{SMALL_WRITES} writes of 4 KiB"));
         let spec = PhaseSpec::new(&l, SMALL_WRITES as u64, reps, false);
@@ -166,7 +189,7 @@ pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
             small_writes(ctx, &small_file, block)
         })?;
     }
-    s.done([write, read, hot, random, small]);
+    s.done([write, read, hot, random, small, first]);
     Ok(())
 }
 
@@ -230,6 +253,18 @@ fn random_reads(
     blocks: &[u64],
     buf: &mut [u8],
 ) -> Result<Timed, Fail> {
+    random_reads_at(ctx, file, blocks, buf, true)
+}
+
+/// Opens `file` and reads each of `blocks` (4 KiB); IOPS, or µs for one
+/// read (`iops` false).
+fn random_reads_at(
+    ctx: &Ctx<'_>,
+    file: &std::ffi::CStr,
+    blocks: &[u64],
+    buf: &mut [u8],
+    iops: bool,
+) -> Result<Timed, Fail> {
     // The open is timed too: a filesystem that brings a whole file in at
     // open (safs-s3's cache) pays for it here, not before the clock starts.
     let start = Instant::now();
@@ -244,6 +279,9 @@ fn random_reads(
         }
     }
     let elapsed = start.elapsed();
+    if !iops {
+        return Ok(Timed::of(elapsed));
+    }
     Ok(Timed {
         elapsed,
         sd_us: None,

@@ -126,6 +126,17 @@ impl DataStore {
         }
     }
 
+    /// The bytes of the backing file that hold `[offset, offset + len)`
+    /// of the contents (whole sealed blocks on encrypted volumes).
+    pub fn backing_span(&self, offset: u64, len: u64) -> (u64, u64) {
+        let Some(keys) = &self.keys else {
+            return (offset, offset.saturating_add(len));
+        };
+        let layout = keys.blocks().layout();
+        let end = offset.saturating_add(len).div_ceil(layout.block());
+        (offset / layout.block() * layout.unit(), end * layout.unit())
+    }
+
     /// Up to `len` bytes of `ino`'s contents at `offset` (short at the end).
     pub fn read(&self, file: &File, ino: u64, offset: u64, len: u32) -> io::Result<Vec<u8>> {
         if let Some((s, lock)) = self.sealed(file, ino) {

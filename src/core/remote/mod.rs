@@ -68,6 +68,8 @@ use crate::format::keys;
 use crate::meta::Write;
 use crate::objstore::{self, StoreError};
 
+mod partial;
+
 /// The mark of a backing file that may hold changes the store lacks.
 const DIRTY: &std::ffi::CStr = c"user.safs.dirty";
 /// The digest of the block map a backing file matches.
@@ -226,6 +228,9 @@ pub(super) struct Remote {
     changes: Mutex<HashMap<u64, u64>>,
     /// Files whose last upload failed: tried again at unmount.
     failed: Mutex<HashSet<u64>>,
+    /// Files read before they are wholly fetched (see `partial`), until
+    /// their last close.
+    partial: Mutex<HashMap<u64, Arc<partial::Partial>>>,
     /// What each backing file looked like when an upload read all of it,
     /// where any later write would show (see [`Unwritten`]): a close that
     /// finds it so has nothing to upload.
@@ -281,6 +286,7 @@ impl Remote {
             bare: Mutex::new(HashSet::new()),
             changes: Mutex::new(HashMap::new()),
             failed: Mutex::new(HashSet::new()),
+            partial: Mutex::new(HashMap::new()),
             uploaded: Mutex::new(HashMap::new()),
             deleter: Mutex::new(None),
             stager: Mutex::new(None),
@@ -636,9 +642,18 @@ impl Fs {
     }
 
     fn fetch_locked(&self, r: &Remote, ino: u64) -> Result<()> {
-        if r.current.lock().contains(&ino) {
+        if r.current.lock().contains(&ino) || self.end_fill(r, ino)? {
             return Ok(());
         }
+        let fetched = self.fetch_whole(r, ino);
+        match &fetched {
+            Ok(()) => self.fill_done(r, ino),
+            Err(_) => self.revive_fill(r, ino),
+        }
+        fetched
+    }
+
+    fn fetch_whole(&self, r: &Remote, ino: u64) -> Result<()> {
         // A file freed meanwhile (by another node: its block records wait
         // for the deleter) has nothing to fetch, and no backing file here.
         {
@@ -741,9 +756,7 @@ impl Fs {
             let mut st = self.state.lock();
             self.inode(&mut st, ino)?.mtime
         };
-        let t = nix::sys::time::TimeSpec::new(mtime.sec, i64::from(mtime.nsec));
-        nix::sys::stat::futimens(&f, &nix::sys::time::TimeSpec::UTIME_OMIT, &t)
-            .map_err(std::io::Error::from)?;
+        partial::set_mtime(&f, mtime)?;
         set_xattr(&f, MAP, &map_mark(&digest))?;
         if fetched > 0 {
             tracing::debug!(ino, fetched, "blocks fetched from the object store");
@@ -1340,6 +1353,13 @@ impl Fs {
             .is_some_and(|r| !r.current.lock().contains(&ino))
     }
 
+    /// [`Fs::evicted`] for a read-only open, which a fill serves too.
+    pub(super) fn evicted_unless_filling(&self, ino: u64) -> bool {
+        self.remote.as_ref().is_some_and(|r| {
+            !r.current.lock().contains(&ino) && !r.partial.lock().contains_key(&ino)
+        })
+    }
+
     /// Deletes closed files' backing files, those closed longest ago
     /// first, until the cache is within its bound. A file whose fetch or
     /// upload runs now goes back to the newest end; one open again or
@@ -1387,9 +1407,13 @@ impl Fs {
         let path = self.data.path(ino);
         {
             // Opens and truncates mark and register under the state lock,
-            // and look for their file in `current` under it.
+            // and look for their file in `current` under it; a fill lives
+            // from before its first handle to after its last.
             let st = self.state.lock();
-            if st.any_backing(ino).is_some() || marked_dirty(&path)? {
+            if st.any_backing(ino).is_some()
+                || r.partial.lock().contains_key(&ino)
+                || marked_dirty(&path)?
+            {
                 return Ok(Some(false));
             }
             r.current.lock().remove(&ino);
