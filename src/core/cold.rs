@@ -11,6 +11,16 @@
 //! nothing changed meanwhile. The attributes of a readdirplus page's
 //! entries are read the same way, all in one engine call.
 //!
+//! On engines where every read is a round trip (PostgreSQL), a cold
+//! lookup that misses in a directory where the last cold lookup found its
+//! name reads a window of entries instead of one: the [`WINDOW`] entries
+//! from the looked-up name on, in key order, and their inodes, in two
+//! round trips ([`ColdDirs`]). A walk through a directory (`ls -l` by
+//! name, a `git status`, Samba listing a share, bench T1 cold) then pays a
+//! round trip per window, not per name; a path walk (one lookup per
+//! directory) and a run of creates (lookups of names not there) never
+//! read one.
+//!
 //! "Nothing changed" is the pair ([`Store::applied_seq`], [`State::epoch`]):
 //! every change of this daemon applies its writes to the store under the
 //! state lock (the first moves), and every cache drop for another reason —
@@ -29,6 +39,7 @@ use super::{CoreError, Fs, Result, State};
 use crate::format::dirent::Dirent;
 use crate::format::inode::Inode;
 use crate::format::keys;
+use crate::format::spill::Spill;
 
 /// What a lookup found with the lock released, valid under the guard it
 /// came back with.
@@ -167,6 +178,12 @@ impl Fs {
             super::dircache::Found::Entry(d) => Some(d),
             super::dircache::Found::Unknown => None,
         };
+        // A window only where the directory cache keeps what it reads.
+        let cold = known.is_none();
+        let window = cold
+            && st.dirs().enabled()
+            && self.store.reads_are_round_trips()
+            && self.cold_dirs.window(parent);
         let (mut st, got) = self.unlocked(st, || {
             let pinode = match parent_cached {
                 true => None,
@@ -178,6 +195,10 @@ impl Fs {
             };
             let (d, irec, spill_recs) = match known {
                 Some(d) => (d, None, None),
+                None if window => {
+                    let (found, rest) = self.read_window(parent, name)?;
+                    return Ok((pinode, found, rest));
+                }
                 None => {
                     // With the inode come its spill pages where that costs
                     // no second read (PostgreSQL): a getxattr after a cold
@@ -193,7 +214,7 @@ impl Fs {
                             .map(|(v, p)| (v, p, None))
                     };
                     let Some((rec, irec, spill_recs)) = found else {
-                        return Ok((pinode, None));
+                        return Ok((pinode, None, Vec::new()));
                     };
                     let d = Dirent::decode(&key, &rec).map_err(|e| CoreError::corrupt(&key, e))?;
                     (d, irec, spill_recs)
@@ -217,11 +238,22 @@ impl Fs {
                 }
                 _ => None,
             };
-            Ok((pinode, Some((d, inode, spill))))
+            Ok((pinode, Some((d, inode, spill)), Vec::new()))
         });
-        let Some((pinode, found)) = got else {
+        let Some((pinode, found, rest)) = got else {
             return (st, Entry::Unknown);
         };
+        if cold && self.store.reads_are_round_trips() {
+            self.cold_dirs.noted(parent, found.is_some());
+        }
+        for (n, d, inode, spill) in rest {
+            st.dirs().learn(parent, &n, &d);
+            if let Some(inode) = inode
+                && !st.is_cached(d.ino)
+            {
+                st.cache_put(d.ino, Cached { inode, spill });
+            }
+        }
         if let Some(p) = pinode
             && !st.is_cached(parent)
         {
@@ -246,6 +278,159 @@ impl Fs {
             }
         };
         (st, entry)
+    }
+}
+
+/// Entries a window read brings (see the module comment): what one round
+/// trip carries in about the time of two single reads on this machine's
+/// PostgreSQL, and few enough that a window read for nothing costs little.
+pub(super) const WINDOW: usize = 128;
+
+/// An entry a window brought: its name, its record, the inode it names
+/// and that inode's spill pages if they came too.
+type Windowed = (Vec<u8>, Dirent, Option<Inode>, Option<Spill>);
+
+/// What a window found of the looked-up name itself.
+type WindowFound = Option<(Dirent, Option<Inode>, Option<Spill>)>;
+
+/// Spill bytes a window reads at most, in its third round trip: about
+/// four round trips' worth of transfer on this machine's PostgreSQL.
+const WINDOW_SPILL_BYTES: u64 = 512 << 10;
+
+/// The widest gap between inode numbers of one run (see
+/// `Fs::read_window_spills`).
+const RUN_GAP: u64 = 4;
+
+impl Fs {
+    /// The [`WINDOW`] entries of `parent` from `name` on and their inodes:
+    /// `name`'s own (if it exists) and the others.
+    fn read_window(&self, parent: u64, name: &[u8]) -> Result<(WindowFound, Vec<Windowed>)> {
+        let key = self.keyspace.dirent(parent, name);
+        let (_, end) = keys::ino_range(keys::P_DIRENT, parent);
+        let pairs = self.store.scan(&key, &end, WINDOW)?;
+        let mut entries = Vec::with_capacity(pairs.len());
+        for (k, v) in &pairs {
+            let d = Dirent::decode(k, v).map_err(|e| CoreError::corrupt(k, e))?;
+            entries.push((k, d));
+        }
+        let ikeys: Vec<Vec<u8>> = entries
+            .iter()
+            .map(|(_, d)| keys::inode(d.ino).to_vec())
+            .collect();
+        let recs = self.store.get_many(&ikeys)?;
+        let mut inodes = Vec::with_capacity(recs.len());
+        for (ikey, rec) in ikeys.iter().zip(recs) {
+            inodes.push(rec.map(|r| decode_inode(ikey, &r)).transpose()?);
+        }
+        let spilled: Vec<(u64, u64)> = entries
+            .iter()
+            .zip(&inodes)
+            .filter_map(|((_, d), i)| {
+                let len = u64::from(i.as_ref()?.spill_len);
+                (len > 0).then_some((d.ino, len))
+            })
+            .collect();
+        let mut spills = self.read_window_spills(spilled, inodes.len())?;
+        let mut found = None;
+        let mut rest = Vec::with_capacity(entries.len());
+        for ((k, d), inode) in entries.into_iter().zip(inodes) {
+            // A spill that does not decode is left for its own read to
+            // report.
+            let spill = inode.as_ref().and_then(|i| {
+                let recs = spills.remove(&d.ino)?;
+                super::xattr::spill_from_records(d.ino, i, recs).ok()
+            });
+            if *k == key {
+                found = Some((d, inode, spill));
+                continue;
+            }
+            // A name that does not decode is left for its own lookup.
+            if let Ok(n) = self.keyspace.entry_name(k) {
+                rest.push((n, d, inode, spill));
+            }
+        }
+        Ok((found, rest))
+    }
+
+    /// The spill pages of a window's inodes `spilled` (ino, spill bytes:
+    /// those of `of` that have some), in a third round trip, when they are
+    /// a third or more (the share [`SpillHint`] weighs for single lookups):
+    /// one scan over the spill records of the longest run of them whose
+    /// numbers lie close together (a window is in name order, inode
+    /// numbers in creation order), if that run holds at least two and at
+    /// most [`WINDOW_SPILL_BYTES`]. The others are read on their own when
+    /// asked for.
+    fn read_window_spills(
+        &self,
+        mut spilled: Vec<(u64, u64)>,
+        of: usize,
+    ) -> Result<std::collections::HashMap<u64, crate::meta::Pairs>> {
+        let mut by_ino = std::collections::HashMap::new();
+        if spilled.len() < 2 || spilled.len() * 3 < of {
+            return Ok(by_ino);
+        }
+        spilled.sort_unstable();
+        // The longest run with gaps of at most RUN_GAP numbers.
+        let (mut best, mut start) = ((0, 0), 0);
+        for i in 1..=spilled.len() {
+            if i == spilled.len() || spilled[i].0 - spilled[i - 1].0 > RUN_GAP {
+                if i - start > best.1 - best.0 {
+                    best = (start, i);
+                }
+                start = i;
+            }
+        }
+        let run = &spilled[best.0..best.1];
+        let bytes: u64 = run.iter().map(|(_, n)| n).sum();
+        if run.len() < 2 || bytes > WINDOW_SPILL_BYTES {
+            return Ok(by_ino);
+        }
+        let (lo, hi) = (run[0].0, run[run.len() - 1].0);
+        let start = keys::spill(lo).to_vec();
+        let (_, end) = keys::ino_range(keys::P_SPILL, hi);
+        // Pages of about a KiB, and inodes in the gaps: a bound, not an
+        // expectation.
+        let limit = (2 * bytes / 1024) as usize + 4 * WINDOW;
+        let pairs = self.store.scan(&start, &end, limit + 1)?;
+        if pairs.len() > limit {
+            return Ok(by_ino);
+        }
+        let wanted: std::collections::HashSet<u64> = run.iter().map(|(i, _)| *i).collect();
+        for (k, v) in pairs {
+            if let Some(ino) = keys::key_ino(&k).filter(|i| wanted.contains(i)) {
+                by_ino.entry(ino).or_insert_with(Vec::new).push((k, v));
+            }
+        }
+        Ok(by_ino)
+    }
+}
+
+/// Directories a cold lookup has missed in lately, and whether that
+/// lookup found its name: a cold miss after one that found its name reads
+/// a window. One that did not (a create's lookup of a new name, in a
+/// directory not listed yet) would bring entries nobody asked for: the
+/// next miss reads its name alone. Forgotten all at once past
+/// [`ColdDirs::MAX`] (a hint).
+#[derive(Debug, Default)]
+pub(super) struct ColdDirs {
+    found: parking_lot::Mutex<std::collections::HashMap<u64, bool>>,
+}
+
+impl ColdDirs {
+    const MAX: usize = 4096;
+
+    /// Whether a cold miss in `dir` reads a window.
+    fn window(&self, dir: u64) -> bool {
+        self.found.lock().get(&dir) == Some(&true)
+    }
+
+    /// A cold lookup in `dir` found its name, or did not.
+    fn noted(&self, dir: u64, found: bool) {
+        let mut seen = self.found.lock();
+        if seen.len() >= Self::MAX && !seen.contains_key(&dir) {
+            seen.clear();
+        }
+        seen.insert(dir, found);
     }
 }
 

@@ -248,6 +248,8 @@ pub struct Fs {
     remote: Option<remote::Remote>,
     /// Whether cold lookups read spill pages with the inode (see `cold`).
     spill_hint: cold::SpillHint,
+    /// Directories a cold lookup missed in (see `cold`).
+    cold_dirs: cold::ColdDirs,
 }
 
 impl Fs {
@@ -343,6 +345,7 @@ impl Fs {
             kernel: std::sync::OnceLock::new(),
             remote,
             spill_hint: cold::SpillHint::default(),
+            cold_dirs: cold::ColdDirs::default(),
         };
         fs.recover()?;
         if fs.remote.is_some() && !fs.opts.read_only {

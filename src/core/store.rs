@@ -386,6 +386,12 @@ impl Store {
             .collect())
     }
 
+    /// Whether every engine read is a round trip (PostgreSQL): then a
+    /// read of many records in one call is worth what it costs.
+    pub fn reads_are_round_trips(&self) -> bool {
+        self.engine.follows_in_one_read()
+    }
+
     /// [`MetaRead::get_and_follow`] through the overlay: one engine call
     /// (one round trip on PostgreSQL) when neither record is waiting in it.
     /// On engines where following costs a second read (LMDB) only `key` is

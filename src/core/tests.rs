@@ -21,12 +21,27 @@ struct Recording {
     slow_reads: std::sync::atomic::AtomicBool,
     /// Run once, right after the read of this key (its value already read).
     after_get: Mutex<Option<Hook>>,
+    /// Answer as an engine whose every read is a round trip (PostgreSQL).
+    round_trips: std::sync::atomic::AtomicBool,
+    /// Point reads and scans of directory entries.
+    dirent_gets: std::sync::atomic::AtomicU64,
+    dirent_scans: std::sync::atomic::AtomicU64,
+    /// Point reads and scans of spill pages.
+    spill_reads: std::sync::atomic::AtomicU64,
 }
 
 impl MetaRead for Recording {
     fn get(&self, key: &[u8]) -> std::result::Result<Option<Vec<u8>>, MetaError> {
         if self.slow_reads.load(std::sync::atomic::Ordering::Relaxed) {
             std::thread::sleep(Duration::from_micros(50));
+        }
+        if key.first() == Some(&keys::P_DIRENT) {
+            self.dirent_gets
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        if key.first() == Some(&keys::P_SPILL) {
+            self.spill_reads
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         let value = self.inner.get(key);
         let hook = {
@@ -47,7 +62,18 @@ impl MetaRead for Recording {
         e: &[u8],
         l: usize,
     ) -> std::result::Result<Vec<(Vec<u8>, Vec<u8>)>, MetaError> {
+        if s.first() == Some(&keys::P_DIRENT) {
+            self.dirent_scans
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        if s.first() == Some(&keys::P_SPILL) {
+            self.spill_reads
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         self.inner.scan(s, e, l)
+    }
+    fn follows_in_one_read(&self) -> bool {
+        self.round_trips.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -1214,4 +1240,104 @@ fn dircache_agrees_with_the_engine() {
             Ok(())
         })
         .unwrap();
+}
+
+/// Where every read is a round trip, the second cold lookup that misses in
+/// a directory reads a window of its entries and their inodes: a walk
+/// through 300 names costs a few reads, every answer as a single read's,
+/// and a path walk (one lookup per directory) reads no window.
+#[test]
+fn cold_lookups_through_one_directory_read_windows_where_reads_are_round_trips() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut t = setup(64);
+    let sb = t.fs.sb.clone();
+    t.fs.close().unwrap();
+    t.engine.round_trips.store(true, Relaxed);
+    let opts = Options {
+        commit_interval: Duration::from_millis(1),
+        dircache: Some(true),
+        ..Options::default()
+    };
+    t.fs = Fs::mount(t._dir.path(), t.engine.clone(), sb, opts).unwrap();
+    let fs = &t.fs;
+    let mut path = vec![Ino::ROOT];
+    for name in ["p1", "p2", "p3"] {
+        let parent = *path.last().unwrap();
+        let d = fs
+            .make_node(
+                &Ctx::root(),
+                parent,
+                name.as_bytes(),
+                libc::S_IFDIR | 0o755,
+                0,
+                0,
+                None,
+            )
+            .unwrap();
+        fs.forget(d.ino, 1);
+        path.push(d.ino);
+    }
+    let mut made = Vec::new();
+    for i in 0..300 {
+        let name = format!("f{i:03}");
+        let ino = file(&t, &name);
+        fs.forget(ino, 1);
+        // Over the inline budget: a spill page each.
+        let big = vec![i as u8; 200];
+        fs.setxattr(&Ctx::root(), ino, b"user.big", &big, 0)
+            .unwrap();
+        made.push((name, ino));
+    }
+    fs.sync().unwrap();
+    fs.drop_caches();
+    t.engine.dirent_gets.store(0, Relaxed);
+    t.engine.dirent_scans.store(0, Relaxed);
+    // A path walk: one cold lookup per directory.
+    let mut at = Ino::ROOT;
+    for (name, want) in ["p1", "p2", "p3"].iter().zip(&path[1..]) {
+        let a = fs.lookup(at, name.as_bytes()).unwrap();
+        assert_eq!(a.ino, *want);
+        at = a.ino;
+    }
+    assert_eq!(t.engine.dirent_scans.load(Relaxed), 0);
+    assert_eq!(t.engine.dirent_gets.load(Relaxed), 3);
+    // Creates' lookups of new names in a cold directory: no window.
+    for i in 0..10 {
+        let name = format!("new{i}");
+        assert!(matches!(
+            fs.lookup(path[3], name.as_bytes()),
+            Err(CoreError::NotFound)
+        ));
+    }
+    assert_eq!(t.engine.dirent_scans.load(Relaxed), 0);
+    t.engine.dirent_gets.store(0, Relaxed);
+    // A walk through the root, whose last cold lookup (of p1) found its
+    // name: windows from the first name on.
+    t.engine.spill_reads.store(0, Relaxed);
+    for (i, (name, want)) in made.iter().enumerate() {
+        let a = fs.lookup(Ino::ROOT, name.as_bytes()).unwrap();
+        assert_eq!(a.ino, *want, "{name}");
+        assert_eq!(a.mode, libc::S_IFREG | 0o644, "{name}");
+        // The spill pages came with the window.
+        assert_eq!(
+            fs.getxattr(*want, b"user.big").unwrap(),
+            vec![i as u8; 200],
+            "{name}"
+        );
+    }
+    let spill_reads = t.engine.spill_reads.load(Relaxed);
+    assert!((2..=4).contains(&spill_reads), "{spill_reads} spill reads");
+    let (gets, scans) = (
+        t.engine.dirent_gets.load(Relaxed),
+        t.engine.dirent_scans.load(Relaxed),
+    );
+    assert!(gets <= 1, "{gets} point reads of entries");
+    assert!((2..=4).contains(&scans), "{scans} windows for 300 names");
+    // Absent names: in a window or past the last, never an answer of it.
+    for name in ["f1000", "f299x", "zzz"] {
+        assert!(matches!(
+            fs.lookup(Ino::ROOT, name.as_bytes()),
+            Err(CoreError::NotFound)
+        ));
+    }
 }
