@@ -30,19 +30,24 @@ struct Recording {
     spill_reads: std::sync::atomic::AtomicU64,
 }
 
+impl Recording {
+    /// Counts a read at `key` of an entry (in `dirents`) or of spill pages.
+    fn count(&self, key: &[u8], dirents: &std::sync::atomic::AtomicU64) {
+        let which = match key.first() {
+            Some(&keys::P_DIRENT) => dirents,
+            Some(&keys::P_SPILL) => &self.spill_reads,
+            _ => return,
+        };
+        which.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 impl MetaRead for Recording {
     fn get(&self, key: &[u8]) -> std::result::Result<Option<Vec<u8>>, MetaError> {
         if self.slow_reads.load(std::sync::atomic::Ordering::Relaxed) {
             std::thread::sleep(Duration::from_micros(50));
         }
-        if key.first() == Some(&keys::P_DIRENT) {
-            self.dirent_gets
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        if key.first() == Some(&keys::P_SPILL) {
-            self.spill_reads
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
+        self.count(key, &self.dirent_gets);
         let value = self.inner.get(key);
         let hook = {
             let mut h = self.after_get.lock();
@@ -62,14 +67,7 @@ impl MetaRead for Recording {
         e: &[u8],
         l: usize,
     ) -> std::result::Result<Vec<(Vec<u8>, Vec<u8>)>, MetaError> {
-        if s.first() == Some(&keys::P_DIRENT) {
-            self.dirent_scans
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        if s.first() == Some(&keys::P_SPILL) {
-            self.spill_reads
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
+        self.count(s, &self.dirent_scans);
         self.inner.scan(s, e, l)
     }
     fn follows_in_one_read(&self) -> bool {

@@ -741,15 +741,7 @@ impl Fs {
             },
             |_, ()| Ok(()),
         );
-        match stored {
-            Ok(()) => {}
-            Err(objstore::GetError::Store(e)) => return Err(CoreError::Store(e)),
-            Err(objstore::GetError::Each(e)) => {
-                return Err(CoreError::Io(std::io::Error::from_raw_os_error(
-                    e.raw_os_error().unwrap_or(libc::EIO),
-                )));
-            }
-        }
+        stored?;
         // Fetching is no change: the backing file keeps the file's mtime
         // (a writer's close takes a newer one from it).
         let mtime = {
@@ -1637,6 +1629,19 @@ fn remove_xattr(f: &File, name: &std::ffi::CStr) -> std::io::Result<()> {
 impl From<StoreError> for CoreError {
     fn from(e: StoreError) -> Self {
         CoreError::Store(e)
+    }
+}
+
+/// A fetch's failure: the store's, or the errno of what was done with
+/// what it gave (a block that does not match its record is `EIO`).
+impl From<objstore::GetError> for CoreError {
+    fn from(e: objstore::GetError) -> Self {
+        match e {
+            objstore::GetError::Store(e) => CoreError::Store(e),
+            objstore::GetError::Each(e) => CoreError::Io(std::io::Error::from_raw_os_error(
+                e.raw_os_error().unwrap_or(libc::EIO),
+            )),
+        }
     }
 }
 

@@ -515,15 +515,7 @@ fn fetch_blocks_claimed(
             Ok(())
         },
     );
-    match got {
-        Ok(()) => {}
-        Err(objstore::GetError::Store(e)) => return Err(CoreError::Store(e)),
-        Err(objstore::GetError::Each(e)) => {
-            return Err(CoreError::Io(std::io::Error::from_raw_os_error(
-                e.raw_os_error().unwrap_or(libc::EIO),
-            )));
-        }
-    }
+    got?;
     if p.state.lock().ended {
         return Ok(Landed::Ended);
     }
