@@ -130,6 +130,18 @@ fn remount(dir: &std::path::Path, engine: &Arc<Recording>, sb: Superblock) -> Fs
     Fs::mount(dir, engine.clone() as Arc<dyn MetaStore>, sb, opts).unwrap()
 }
 
+/// Mounts `t`'s volume again with the directory cache on or off.
+fn remount_with_dircache(t: &mut T, on: bool) {
+    let sb = t.fs.sb.clone();
+    t.fs.close().unwrap();
+    let opts = Options {
+        commit_interval: Duration::from_millis(1),
+        dircache: Some(on),
+        ..Options::default()
+    };
+    t.fs = Fs::mount(t._dir.path(), t.engine.clone(), sb, opts).unwrap();
+}
+
 fn file(t: &T, name: &str) -> Ino {
     t.fs.make_node(
         &Ctx::root(),
@@ -371,14 +383,7 @@ fn a_missing_spill_page_is_corruption() {
 fn cold_reads_without_the_lock_never_cache_stale_state() {
     use std::sync::atomic::{AtomicBool, Ordering};
     let mut t = setup(64);
-    let sb = t.fs.sb.clone();
-    t.fs.close().unwrap();
-    let opts = Options {
-        commit_interval: Duration::from_millis(1),
-        dircache: Some(true),
-        ..Options::default()
-    };
-    t.fs = Fs::mount(t._dir.path(), t.engine.clone(), sb, opts).unwrap();
+    remount_with_dircache(&mut t, true);
     let fs = &t.fs;
     let ctx = Ctx::root();
     let names: Vec<Vec<u8>> = (0..12).map(|i| format!("f{i}").into_bytes()).collect();
@@ -486,14 +491,7 @@ fn a_name_unlinked_during_a_cold_lookup_is_not_cached() {
     use std::sync::mpsc;
     for (dircache, on_inode) in [(true, false), (true, true), (false, false), (false, true)] {
         let mut t = setup(64);
-        let sb = t.fs.sb.clone();
-        t.fs.close().unwrap();
-        let opts = Options {
-            commit_interval: Duration::from_millis(1),
-            dircache: Some(dircache),
-            ..Options::default()
-        };
-        t.fs = Fs::mount(t._dir.path(), t.engine.clone(), sb, opts).unwrap();
+        remount_with_dircache(&mut t, dircache);
         let fs = &t.fs;
         let victim = fs
             .make_node(
@@ -1248,15 +1246,8 @@ fn dircache_agrees_with_the_engine() {
 fn cold_lookups_through_one_directory_read_windows_where_reads_are_round_trips() {
     use std::sync::atomic::Ordering::Relaxed;
     let mut t = setup(64);
-    let sb = t.fs.sb.clone();
-    t.fs.close().unwrap();
     t.engine.round_trips.store(true, Relaxed);
-    let opts = Options {
-        commit_interval: Duration::from_millis(1),
-        dircache: Some(true),
-        ..Options::default()
-    };
-    t.fs = Fs::mount(t._dir.path(), t.engine.clone(), sb, opts).unwrap();
+    remount_with_dircache(&mut t, true);
     let fs = &t.fs;
     let mut path = vec![Ino::ROOT];
     for name in ["p1", "p2", "p3"] {
