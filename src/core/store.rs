@@ -1026,6 +1026,15 @@ impl Store {
                     // Computed on a view another daemon has changed since:
                     // committing it later could corrupt the volume. Dropped,
                     // as a crash would drop it (nothing fsync acknowledged).
+                    // Under the lease lock (taken first: its order) so that
+                    // the lease cannot go back, and be taken again, between
+                    // the batch being dropped and the caches being owed
+                    // their reset: a taker in that gap would serve from
+                    // them, and its fresh lease would be left draining
+                    // (seen under load, in the unit test below).
+                    drop(ov);
+                    let mut l = self.lease.lock();
+                    ov = self.overlay.lock();
                     let records = batch.len() + ov.pending.len();
                     tracing::error!(
                         records,
@@ -1042,15 +1051,13 @@ impl Store {
                     ov.committing = Arc::new(Map::new());
                     ov.committing_need = 0;
                     drop(unlinks);
-                    drop(ov);
-                    // Not here: a handler may hold the state lock while it
+                    // The caches are reset by the next taker of the lease,
+                    // not here: a handler may hold the state lock while it
                     // waits for this committer (see `Lease::reset`). No new
                     // operation starts under the lost lease.
-                    let mut l = self.lease.lock();
                     l.reset = true;
-                    l.draining = true;
+                    l.draining = l.held;
                     drop(l);
-                    ov = self.overlay.lock();
                 }
                 Err(e) => {
                     let failure = match e {
