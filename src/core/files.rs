@@ -121,7 +121,7 @@ impl Fs {
             }
         }
         self.commit(w)?;
-        self.register_handle(&mut st, ino, Arc::new(file), mode.write, ctx.pid)
+        self.register_handle(&mut st, ino, Arc::new(file), mode.write, ctx.pid, false)
             .map(Some)
     }
 
@@ -155,7 +155,8 @@ impl Fs {
             .any(|t| me.is_none() || Ctx::new(0, 0, t).process() != me)
     }
 
-    /// Registers a handle of `ino` open on its backing `file`.
+    /// Registers a handle of `ino` open on its backing `file` (`fresh`:
+    /// made by this create, armed and never read).
     pub(super) fn register_handle(
         &self,
         st: &mut State,
@@ -163,11 +164,12 @@ impl Fs {
         file: Arc<File>,
         write: bool,
         opener: u32,
+        fresh: bool,
     ) -> Result<Arc<Handle>> {
         if write {
             self.mark_dirty(ino, &file)?;
         }
-        if st.open_handle(ino, &file, write) {
+        if st.open_handle(ino, &file, write) && !fresh {
             // Reads made while nobody had it open (through a mapping kept
             // after close), and arm the backing file for this open's reads.
             self.observe_reads(st, ino, &file);
@@ -272,14 +274,31 @@ impl Fs {
         let mut st = self.state.lock();
         let mut w = Vec::new();
         let closed = st.close_handle(h.ino.0, h.writable);
-        if let Some(backing) = closed.last_writer {
-            if let Ok(mut inode) = self.inode(&mut st, h.ino.0) {
-                self.reconcile(h.ino.0, &mut inode, Some(&backing))?;
-                self.put_inode(&mut st, &mut w, h.ino.0, inode);
-            }
+        // One look at the backing file serves the last writer's size and
+        // the last close's access time.
+        let meta = match &closed.last_writer {
+            Some(backing) => Some(backing.metadata()?),
+            // An access time is not worth failing the close for.
+            None if closed.last && self.watches_reads() => match h.file.metadata() {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    self.observe_reads_in(&mut st, h.ino.0, &h.file, Err(e));
+                    None
+                }
+            },
+            None => None,
+        };
+        if closed.last_writer.is_some()
+            && let Some(meta) = &meta
+            && let Ok(mut inode) = self.inode(&mut st, h.ino.0)
+        {
+            self.reconcile_with(&mut inode, meta)?;
+            self.put_inode(&mut st, &mut w, h.ino.0, inode);
         }
         if closed.last {
-            self.observe_reads(&mut st, h.ino.0, &h.file);
+            if let Some(meta) = &meta {
+                self.observe_reads_in(&mut st, h.ino.0, &h.file, Ok(meta));
+            }
             if let Ok(inode) = self.inode(&mut st, h.ino.0) {
                 self.end_partial(h.ino.0, Some(inode.mtime));
             } else {

@@ -832,11 +832,34 @@ impl Fs {
     /// The filesystem under the volume moved the backing file's atime from
     /// the sentinel 0 to the time of a read (see `data`).
     fn observe_reads(&self, st: &mut State, ino: u64, file: &File) {
+        if self.watches_reads() {
+            match file.metadata() {
+                Ok(meta) => self.observe_reads_in(st, ino, file, Ok(&meta)),
+                Err(e) => self.observe_reads_in(st, ino, file, Err(e)),
+            }
+        }
+    }
+
+    /// Whether reads move access times at all (if not, no look at the
+    /// backing file is needed for them).
+    fn watches_reads(&self) -> bool {
+        !self.opts.read_only && self.atime().mode != AtimeMode::Never
+    }
+
+    /// [`Fs::observe_reads`] with the backing file's metadata already
+    /// taken (`meta`), so that one `statx` serves this and a reconcile.
+    fn observe_reads_in(
+        &self,
+        st: &mut State,
+        ino: u64,
+        file: &File,
+        meta: std::io::Result<&std::fs::Metadata>,
+    ) {
         use std::os::unix::fs::MetadataExt;
-        if self.opts.read_only || self.atime().mode == AtimeMode::Never {
+        if !self.watches_reads() {
             return;
         }
-        let res = file.metadata().and_then(|meta| {
+        let res = meta.and_then(|meta| {
             if meta.atime() == 0 && meta.atime_nsec() == 0 {
                 return Ok(None);
             }
@@ -906,11 +929,10 @@ impl Fs {
         if !inode.is_reg() {
             return Ok(());
         }
-        let meta = match file {
-            Some(f) => Some(f.metadata()?),
-            None => self.data.stat(ino)?,
-        };
-        match meta {
+        if let Some(f) = file {
+            return self.reconcile_with(inode, &f.metadata()?);
+        }
+        match self.data.stat(ino)? {
             Some(meta) => apply_backing(inode, &meta, self.data.plain_size(meta.len())),
             // Recovery after an unclean stop (the one caller without an
             // open file): a file with contents and no backing file had its
@@ -928,6 +950,14 @@ impl Fs {
                 inode.blocks = 0;
             }
             None => {}
+        }
+        Ok(())
+    }
+
+    /// [`Fs::reconcile`] from the backing file's metadata, already taken.
+    fn reconcile_with(&self, inode: &mut Inode, meta: &std::fs::Metadata) -> Result<()> {
+        if inode.is_reg() {
+            apply_backing(inode, meta, self.data.plain_size(meta.len()));
         }
         Ok(())
     }

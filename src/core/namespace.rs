@@ -297,23 +297,45 @@ impl Fs {
     }
 
     pub(super) fn attr_locked(&self, st: &mut State, ino: u64) -> Result<Attr> {
-        if let Some(f) = st.any_backing(ino) {
-            self.observe_reads(st, ino, &f);
-        }
-        let backing = st.writer_backing(ino);
-        let c = self.load(st, ino)?;
-        match backing {
-            // A writer has it open: the backing file has the current size.
-            Some(f) => {
-                let mut inode = c.inode.clone();
-                self.reconcile(ino, &mut inode, Some(&f))?;
-                Ok(Attr {
-                    open_for_write: true,
-                    ..Attr::of(ino, &inode)
-                })
+        let writer = st.writer_backing(ino);
+        let open = writer.clone().or_else(|| st.any_backing(ino));
+        let f = match open {
+            Some(f) if writer.is_some() || self.watches_reads() => f,
+            _ => return Ok(Attr::of(ino, &self.load(st, ino)?.inode)),
+        };
+        // One look at the backing file serves both: the reads since the
+        // last look (the atime) and, with a writer, the current size and
+        // mtime.
+        let meta = match f.metadata() {
+            Ok(m) => m,
+            Err(e) if writer.is_some() => return Err(e.into()),
+            Err(e) => {
+                self.observe_reads_in(st, ino, &f, Err(e));
+                return Ok(Attr::of(ino, &self.load(st, ino)?.inode));
             }
-            None => Ok(Attr::of(ino, &c.inode)),
+        };
+        self.observe_reads_in(st, ino, &f, Ok(&meta));
+        let c = self.load(st, ino)?;
+        if writer.is_none() {
+            return Ok(Attr::of(ino, &c.inode));
         }
+        let mut inode = c.inode.clone();
+        self.reconcile_with(&mut inode, &meta)?;
+        Ok(Attr {
+            open_for_write: true,
+            ..Attr::of(ino, &inode)
+        })
+    }
+
+    /// The attributes of `ino`, made just now with nothing read from or
+    /// written to it yet: its record is its attributes (no look at its
+    /// backing file).
+    fn attr_fresh(&self, st: &mut State, ino: u64) -> Result<Attr> {
+        let open_for_write = st.writer_backing(ino).is_some();
+        Ok(Attr {
+            open_for_write,
+            ..Attr::of(ino, &self.load(st, ino)?.inode)
+        })
     }
 
     pub fn setattr(&self, ctx: &Ctx, ino: Ino, set: &SetAttr) -> Result<Attr> {
@@ -662,11 +684,11 @@ impl Fs {
         }
         let handle = match (open, file) {
             (Some(mode), Some(file)) => {
-                Some(self.register_handle(&mut st, ino, file, mode.write, ctx.pid)?)
+                Some(self.register_handle(&mut st, ino, file, mode.write, ctx.pid, true)?)
             }
             _ => None,
         };
-        let attr = self.attr_locked(&mut st, ino)?;
+        let attr = self.attr_fresh(&mut st, ino)?;
         st.add_lookup(ino);
         Ok((attr, handle))
     }
