@@ -19,7 +19,9 @@
 //! name, a `git status`, Samba listing a share, bench T1 cold) then pays a
 //! round trip per window, not per name; a path walk (one lookup per
 //! directory) and a run of creates (lookups of names not there) never
-//! read one.
+//! read one. Spill pages past what a window reads come the same way: a
+//! `getxattr` that reads the pages of the inode just after those the last
+//! spill read brought reads the next cached inodes' too ([`SpillRuns`]).
 //!
 //! "Nothing changed" is the pair ([`Store::applied_seq`], [`State::epoch`]):
 //! every change of this daemon applies its writes to the store under the
@@ -30,7 +32,7 @@
 //! cache's invariant (an entry is never older than the store's view of its
 //! key) holds, and a read is only ever a little slower, never wrong.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::MutexGuard;
 
@@ -128,6 +130,14 @@ impl Fs {
             Some(Some(inode)) => Some(inode),
             None => None,
         };
+        // Spill pages read in a run through inode numbers (a getxattr of
+        // each file of a directory in turn): the next ones' come along.
+        let ahead = match &known {
+            Some(_) if self.store.reads_are_round_trips() && self.spill_runs.follows(ino) => {
+                spill_neighbours(&mut st, ino)
+            }
+            _ => Vec::new(),
+        };
         let (mut st, got) = self.unlocked(st, || {
             let inode = match known {
                 Some(i) => i,
@@ -136,12 +146,27 @@ impl Fs {
                     None => return Ok(None),
                 },
             };
-            let spill = if inode.spill_len > 0 && name.is_some_and(|n| !inode.inline.contains(n)) {
-                Some(self.read_spill_of(ino, &inode)?)
-            } else {
-                None
-            };
-            Ok(Some((inode, spill)))
+            if inode.spill_len == 0 || name.is_none_or(|n| inode.inline.contains(n)) {
+                return Ok(Some((inode, None, Vec::new())));
+            }
+            if let Some((spill, more)) = self.read_spill_run(ino, &inode, &ahead)? {
+                return Ok(Some((inode, Some(spill), more)));
+            }
+            let spill = self.read_spill_of(ino, &inode)?;
+            self.spill_runs.read(ino);
+            Ok(Some((inode, Some(spill), Vec::new())))
+        });
+        let got = got.map(|found| {
+            found.map(|(inode, spill, more)| {
+                for (n, spill) in more {
+                    st.cache_update(n, |c| {
+                        if c.spill.is_none() && c.inode.spill_len as usize == spill.packed_len() {
+                            c.spill = Some(spill);
+                        }
+                    });
+                }
+                (inode, spill)
+            })
         });
         if let Some(Some((inode, mut spill))) = got
             && !st.cache_update(ino, |c| {
@@ -365,7 +390,7 @@ impl Fs {
         mut spilled: Vec<(u64, u64)>,
         of: usize,
     ) -> Result<std::collections::HashMap<u64, crate::meta::Pairs>> {
-        let mut by_ino = std::collections::HashMap::new();
+        let by_ino = std::collections::HashMap::new();
         if spilled.len() < 2 || spilled.len() * 3 < of {
             return Ok(by_ino);
         }
@@ -386,22 +411,122 @@ impl Fs {
             return Ok(by_ino);
         }
         let (lo, hi) = (run[0].0, run[run.len() - 1].0);
+        let Some(mut found) = self.scan_spills(lo, hi, bytes, WINDOW)? else {
+            return Ok(by_ino);
+        };
+        let wanted: std::collections::HashSet<u64> = run.iter().map(|(i, _)| *i).collect();
+        found.retain(|ino, _| wanted.contains(ino));
+        Ok(found)
+    }
+}
+
+/// An inode's spill pages and those of the inodes read with them.
+type SpillRun = (Spill, Vec<(u64, Spill)>);
+
+impl Fs {
+    /// The spill pages of `ino` (record `inode`) and of the inodes
+    /// `ahead` after it, in one scan; `None` when there are none ahead or
+    /// the range holds more than they promised (the caller reads `ino`'s
+    /// alone). A neighbour whose pages do not decode is left for its own
+    /// read to report.
+    fn read_spill_run(
+        &self,
+        ino: u64,
+        inode: &Inode,
+        ahead: &[(u64, Inode)],
+    ) -> Result<Option<SpillRun>> {
+        let Some((last, _)) = ahead.last() else {
+            return Ok(None);
+        };
+        let bytes = u64::from(inode.spill_len)
+            + ahead
+                .iter()
+                .map(|(_, i)| u64::from(i.spill_len))
+                .sum::<u64>();
+        let Some(mut by_ino) = self.scan_spills(ino, *last, bytes, ahead.len() + 1)? else {
+            return Ok(None);
+        };
+        let own =
+            super::xattr::spill_from_records(ino, inode, by_ino.remove(&ino).unwrap_or_default())?;
+        let more = ahead
+            .iter()
+            .filter_map(|(n, i)| {
+                let recs = by_ino.remove(n)?;
+                Some((*n, super::xattr::spill_from_records(*n, i, recs).ok()?))
+            })
+            .collect();
+        self.spill_runs.read(*last);
+        Ok(Some((own, more)))
+    }
+
+    /// The spill records of inodes `lo` to `hi` in one scan, by inode, if
+    /// they are no more than `bytes` of pages for `inodes` inodes promise
+    /// (pages of about a KiB; inodes in the gaps: a bound, not an
+    /// expectation); `None` otherwise.
+    fn scan_spills(
+        &self,
+        lo: u64,
+        hi: u64,
+        bytes: u64,
+        inodes: usize,
+    ) -> Result<Option<std::collections::HashMap<u64, crate::meta::Pairs>>> {
         let start = keys::spill(lo).to_vec();
         let (_, end) = keys::ino_range(keys::P_SPILL, hi);
-        // Pages of about a KiB, and inodes in the gaps: a bound, not an
-        // expectation.
-        let limit = (2 * bytes / 1024) as usize + 4 * WINDOW;
+        let limit = (2 * bytes / 1024) as usize + 4 * inodes.max(WINDOW);
         let pairs = self.store.scan(&start, &end, limit + 1)?;
         if pairs.len() > limit {
-            return Ok(by_ino);
+            return Ok(None);
         }
-        let wanted: std::collections::HashSet<u64> = run.iter().map(|(i, _)| *i).collect();
+        let mut by_ino = std::collections::HashMap::new();
         for (k, v) in pairs {
-            if let Some(ino) = keys::key_ino(&k).filter(|i| wanted.contains(i)) {
+            if let Some(ino) = keys::key_ino(&k) {
                 by_ino.entry(ino).or_insert_with(Vec::new).push((k, v));
             }
         }
-        Ok(by_ino)
+        Ok(Some(by_ino))
+    }
+}
+
+/// The cached inodes after `ino` whose spill pages are not cached: the
+/// run of them with gaps of at most [`RUN_GAP`] numbers, up to [`WINDOW`]
+/// inodes and [`WINDOW_SPILL_BYTES`] of pages with `ino`'s own.
+fn spill_neighbours(st: &mut State, ino: u64) -> Vec<(u64, Inode)> {
+    let mut bytes = st.cached(ino).map_or(0, |c| u64::from(c.inode.spill_len));
+    let (mut out, mut next, mut gap) = (Vec::new(), ino + 1, 0);
+    while out.len() < WINDOW && gap < RUN_GAP {
+        match st.cached(next) {
+            Some(c) if c.spill.is_none() && c.inode.spill_len > 0 => {
+                bytes += u64::from(c.inode.spill_len);
+                if bytes > WINDOW_SPILL_BYTES {
+                    break;
+                }
+                out.push((next, c.inode.clone()));
+                gap = 0;
+            }
+            _ => gap += 1,
+        }
+        next += 1;
+    }
+    out
+}
+
+/// Where the last spill read of a getxattr ended: a read of an inode just
+/// after it continues a run (see [`spill_neighbours`]). One read alone, of
+/// a file among others cached (after an `ls -l`), reads its own pages
+/// only.
+#[derive(Debug, Default)]
+pub(super) struct SpillRuns {
+    last: AtomicU64,
+}
+
+impl SpillRuns {
+    fn follows(&self, ino: u64) -> bool {
+        let last = self.last.load(Ordering::Relaxed);
+        last < ino && ino - last <= RUN_GAP
+    }
+
+    fn read(&self, upto: u64) {
+        self.last.store(upto, Ordering::Relaxed);
     }
 }
 

@@ -250,6 +250,8 @@ pub struct Fs {
     spill_hint: cold::SpillHint,
     /// Directories a cold lookup missed in (see `cold`).
     cold_dirs: cold::ColdDirs,
+    /// Where the last spill read ended (see `cold`).
+    spill_runs: cold::SpillRuns,
 }
 
 impl Fs {
@@ -346,6 +348,7 @@ impl Fs {
             remote,
             spill_hint: cold::SpillHint::default(),
             cold_dirs: cold::ColdDirs::default(),
+            spill_runs: cold::SpillRuns::default(),
         };
         fs.recover()?;
         if fs.remote.is_some() && !fs.opts.read_only {

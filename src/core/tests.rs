@@ -1330,3 +1330,71 @@ fn cold_lookups_through_one_directory_read_windows_where_reads_are_round_trips()
         ));
     }
 }
+
+#[test]
+fn getxattrs_through_a_directory_in_turn_read_the_next_spills_in_one_scan_where_reads_are_round_trips()
+ {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut t = setup(64);
+    t.engine.round_trips.store(true, Relaxed);
+    remount_with_dircache(&mut t, true);
+    let fs = &t.fs;
+    let mut made = Vec::new();
+    for i in 0..100 {
+        let name = format!("f{i:03}");
+        let ino = file(&t, &name);
+        fs.forget(ino, 1);
+        // 16 KiB each: a window's 128 are past what it reads of spills.
+        let big = vec![i as u8; 16 << 10];
+        fs.setxattr(&Ctx::root(), ino, b"user.big", &big, 0)
+            .unwrap();
+        made.push((name, ino));
+    }
+    fs.sync().unwrap();
+    let read_all = |from: usize| {
+        fs.drop_caches();
+        t.engine.spill_reads.store(0, Relaxed);
+        for (i, (name, want)) in made.iter().enumerate().skip(from) {
+            let a = fs.lookup(Ino::ROOT, name.as_bytes()).unwrap();
+            assert_eq!(a.ino, *want, "{name}");
+            assert_eq!(
+                fs.getxattr(*want, b"user.big").unwrap(),
+                vec![i as u8; 16 << 10],
+                "{name}"
+            );
+        }
+        t.engine.spill_reads.load(Relaxed)
+    };
+    // The first two alone, then runs of 512 KiB: 31 files' pages a scan.
+    let reads = read_all(0);
+    assert!(
+        (4..=7).contains(&reads),
+        "{reads} spill reads for 100 files"
+    );
+    // One getxattr of a file among cached ones reads its own pages only.
+    fs.drop_caches();
+    fs.lookup(Ino::ROOT, b"f000").unwrap();
+    fs.lookup(Ino::ROOT, b"f001").unwrap();
+    t.engine.spill_reads.store(0, Relaxed);
+    let (_, ino) = &made[50];
+    assert_eq!(
+        fs.getxattr(*ino, b"user.big").unwrap(),
+        vec![50u8; 16 << 10]
+    );
+    assert_eq!(t.engine.spill_reads.load(Relaxed), 1);
+    let (_, next) = &made[52];
+    assert_eq!(
+        fs.getxattr(*next, b"user.big").unwrap(),
+        vec![52u8; 16 << 10]
+    );
+    let (_, after) = &made[60];
+    assert_eq!(
+        fs.getxattr(*after, b"user.big").unwrap(),
+        vec![60u8; 16 << 10]
+    );
+    // 52 followed 50 (a run: its next ones came along, 60 among them).
+    assert_eq!(t.engine.spill_reads.load(Relaxed), 2);
+    // Where reads are not round trips, each file reads its own.
+    t.engine.round_trips.store(false, Relaxed);
+    assert_eq!(read_all(0), 100);
+}
