@@ -391,6 +391,7 @@ impl Fs {
                         None,
                         acl::ACCESS,
                         Some(new),
+                        None,
                     )?;
                 }
             }

@@ -160,6 +160,8 @@ impl Fs {
 
     /// Sets (`Some`) or removes (`None`) `name` on `inode`, whose inline set
     /// is current and whose spill tier is `spill` (`None`: not loaded yet).
+    /// `overflow`: whether `name` is an overflow value, if the caller read
+    /// that already under this hold of the lock (`None`: read it here).
     /// Pushes the records the change touches and updates the cache; the
     /// caller owns writing `inode` itself.
     #[allow(clippy::too_many_arguments)]
@@ -172,6 +174,7 @@ impl Fs {
         spill: Option<Spill>,
         name: &[u8],
         value: Option<Vec<u8>>,
+        overflow: Option<bool>,
     ) -> Result<Option<Tier>> {
         let mut spill = match spill {
             Some(s) => s,
@@ -180,10 +183,13 @@ impl Fs {
         let in_overflow = inode.overflow > 0
             && !inode.inline.contains(name)
             && !spill.contains(name)
-            && self
-                .store
-                .get(&self.keyspace.overflow(ino, name))?
-                .is_some();
+            && match overflow {
+                Some(known) => known,
+                None => self
+                    .store
+                    .get(&self.keyspace.overflow(ino, name))?
+                    .is_some(),
+            };
         let before = tiers::locate(&inode.inline, &spill, in_overflow, name);
         let t = match value {
             Some(v) => tiers::set(
@@ -271,10 +277,15 @@ impl Fs {
         }
         let mut st = self.state.lock();
         let mut inode = self.inode(&mut st, ino)?;
-        let exists = match self.find(&mut st, ino, name)? {
-            Found::Value(_) => true,
-            Found::Absent => false,
-            Found::Overflow => self.overflow_get(ino, name)?.is_some(),
+        // Whether it exists, and whether as an overflow value: one read of
+        // its record at most, whose answer the store below reuses.
+        let (exists, overflow) = match self.find(&mut st, ino, name)? {
+            Found::Value(_) => (true, false),
+            Found::Absent => (false, false),
+            Found::Overflow => {
+                let there = self.overflow_get(ino, name)?.is_some();
+                (there, there)
+            }
         };
         if flags & XATTR_CREATE != 0 && exists {
             return Err(CoreError::Exists);
@@ -296,7 +307,16 @@ impl Fs {
             }
         }
         if stored.is_some() || exists {
-            self.xattr_store(&mut st, &mut w, ino, &mut inode, None, name, stored)?;
+            self.xattr_store(
+                &mut st,
+                &mut w,
+                ino,
+                &mut inode,
+                None,
+                name,
+                stored,
+                Some(overflow),
+            )?;
         }
         inode.ctime = Timestamp::now();
         self.put_inode(&mut st, &mut w, ino, inode);
@@ -311,7 +331,7 @@ impl Fs {
         let mut inode = self.inode(&mut st, ino)?;
         let mut w = Vec::new();
         if self
-            .xattr_store(&mut st, &mut w, ino, &mut inode, None, name, None)?
+            .xattr_store(&mut st, &mut w, ino, &mut inode, None, name, None, None)?
             .is_none()
         {
             return Err(CoreError::NoData);
