@@ -125,6 +125,42 @@ fn wrong_link_count() {
 }
 
 #[test]
+fn wrong_or_missing_directory_statistics() {
+    let (_t, vol, f) = populated();
+    let restat = |ino: u64, stats: Option<safs::format::inode::DirStats>| {
+        damage(&vol, |s| {
+            let k = keys::inode(ino);
+            let mut i =
+                safs::format::inode::Inode::decode(&k, &s.get(&k).unwrap().unwrap()).unwrap();
+            let kept = i.stats.expect("a new volume keeps statistics");
+            i.stats = stats.map(|_| safs::format::inode::DirStats {
+                rfiles: kept.rfiles + 5,
+                ..kept
+            });
+            s.commit(&[(k.to_vec(), Some(i.encode(&k)))]).unwrap();
+        })
+    };
+    // The root holds "hard" and "sym" and dir/f below: 3 files, 1 directory.
+    restat(volume::ROOT_INO, Some(Default::default()));
+    assert_found_repaired_clean(
+        &vol,
+        "directory 1: statistics say 2 files here, 8 files, 1 directories and 23 bytes \
+         below; a walk finds 2, 3, 1 and 23",
+    );
+    restat(volume::ROOT_INO, None);
+    assert_found_repaired_clean(&vol, "directory 1: statistics missing");
+    // "dir/f" and "hard": the file's record names the root and "dir".
+    damage(&vol, |s| {
+        let k = keys::inode(f);
+        let mut i = safs::format::inode::Inode::decode(&k, &s.get(&k).unwrap().unwrap()).unwrap();
+        assert_eq!(i.links.len(), 1);
+        i.links.clear();
+        s.commit(&[(k.to_vec(), Some(i.encode(&k)))]).unwrap();
+    });
+    assert_found_repaired_clean(&vol, &format!("inode {f}: named in directories"));
+}
+
+#[test]
 fn missing_index_record() {
     let (_t, vol, _) = populated();
     damage(&vol, |s| {

@@ -238,6 +238,14 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         );
     }
     println!("inline xattrs:  {} bytes per inode", sb.inline_bytes);
+    println!(
+        "dir stats:      {}",
+        if sb.has_dir_stats() {
+            "kept (getfattr -n safs.dir.rbytes DIR)"
+        } else {
+            "not kept (formatted before they were)"
+        }
+    );
     if sb.has_object_store() {
         let url = store
             .get(safs::format::keys::DATA_STORE)?

@@ -25,6 +25,7 @@ mod namespace;
 pub(crate) mod remote;
 mod shared;
 mod state;
+mod stats;
 mod store;
 pub mod tiers;
 pub mod volume;
@@ -670,8 +671,20 @@ impl Fs {
         self.load_opt(st, ino)?.ok_or(CoreError::NotFound)
     }
 
-    /// Records the new state of `ino` in the cache and in the batch `w`.
+    /// Records the new state of `ino` in the cache and in the batch `w`;
+    /// a new size moves the byte counts of the directories naming it.
     fn put_inode(&self, st: &mut State, w: &mut Vec<Write>, ino: u64, inode: Inode) {
+        if self.sb.has_dir_stats() && !inode.is_dir() {
+            if let Err(e) = self.account_size(st, w, ino, &inode) {
+                // The change itself stands; `safs fsck` finds the counts.
+                tracing::error!(ino, error = %e, "directory statistics not moved for a new size");
+            }
+        }
+        self.put_inode_as_is(st, w, ino, inode);
+    }
+
+    /// [`Fs::put_inode`] where statistics are already accounted for.
+    fn put_inode_as_is(&self, st: &mut State, w: &mut Vec<Write>, ino: u64, inode: Inode) {
         let key = keys::inode(ino);
         w.push((key.to_vec(), Some(inode.encode(&key))));
         let mut slot = Some(inode);

@@ -77,12 +77,15 @@ fn setid_killed(mode: u32) -> u32 {
 
 /// Inodes an operation touches, loaded once and written once at the end, so
 /// that aliases (same parent twice, a directory and its parent) are safe.
-struct Work {
-    inodes: HashMap<u64, Inode>,
-    dirty: Vec<u64>,
+pub(super) struct Work {
+    pub(super) inodes: HashMap<u64, Inode>,
+    pub(super) dirty: Vec<u64>,
     writes: Vec<Write>,
     /// The entries changed, for the directory cache once applied.
     entries: Vec<EntryChange>,
+    /// Entries added to or removed from a directory, for its statistics
+    /// and its ancestors' (`stats`).
+    pub(super) moved: Vec<super::stats::Moved>,
 }
 
 enum EntryChange {
@@ -97,12 +100,18 @@ impl Work {
             dirty: Vec::new(),
             writes: Vec::new(),
             entries: Vec::new(),
+            moved: Vec::new(),
         }
     }
 }
 
 impl Fs {
-    fn w_get<'w>(&self, st: &mut State, work: &'w mut Work, ino: u64) -> Result<&'w mut Inode> {
+    pub(super) fn w_get<'w>(
+        &self,
+        st: &mut State,
+        work: &'w mut Work,
+        ino: u64,
+    ) -> Result<&'w mut Inode> {
         if let std::collections::hash_map::Entry::Vacant(e) = work.inodes.entry(ino) {
             e.insert(self.inode(st, ino)?);
         }
@@ -113,9 +122,13 @@ impl Fs {
     }
 
     fn w_finish(&self, st: &mut State, mut work: Work) -> Result<()> {
+        if self.sb.has_dir_stats() {
+            self.account(st, &mut work)?;
+        }
         for ino in std::mem::take(&mut work.dirty) {
             let inode = work.inodes.remove(&ino).expect("dirty inode loaded");
-            self.put_inode(st, &mut work.writes, ino, inode);
+            // Sizes do not change here (statistics moved with the entries).
+            self.put_inode_as_is(st, &mut work.writes, ino, inode);
         }
         // Only directory changes finish here: `dirsync` makes them durable.
         let seq = self.store.apply(work.writes);
@@ -205,6 +218,7 @@ impl Fs {
     ) {
         let dk = self.keyspace.dirent(parent_ino, name);
         let d = Dirent { ino, kind, cookie };
+        work.moved.push(super::stats::Moved::added(parent_ino, &d));
         work.writes.push((dk.clone(), Some(d.encode(&dk))));
         work.entries
             .push(EntryChange::Put(parent_ino, name.to_vec(), d));
@@ -218,6 +232,7 @@ impl Fs {
     }
 
     fn remove_entry(&self, work: &mut Work, parent_ino: u64, name: &[u8], d: &Dirent) {
+        work.moved.push(super::stats::Moved::removed(parent_ino, d));
         work.writes
             .push((self.keyspace.dirent(parent_ino, name), None));
         work.writes
@@ -638,6 +653,8 @@ impl Fs {
             },
             overflow: 0,
             inline,
+            stats: (is_dir && self.sb.has_dir_stats()).then(Default::default),
+            links: Vec::new(),
         };
         for (p, _) in spill.stored() {
             let k = keys::spill_page(ino, p);
@@ -845,6 +862,9 @@ impl Fs {
             }
             // The names stay where they are, each at its cookie; only the
             // inodes they name change places.
+            work.moved.push(super::stats::Moved::removed(parent, &src));
+            work.moved
+                .push(super::stats::Moved::removed(newparent, &dst));
             self.put_entry_at(&mut work, parent, name, src.cookie, dst.ino, dst.kind);
             self.put_entry_at(&mut work, newparent, newname, dst.cookie, src.ino, src.kind);
             if parent != newparent {
@@ -980,6 +1000,8 @@ impl Fs {
             spill_len: 0,
             overflow: 0,
             inline: XattrSet::new(),
+            stats: None,
+            links: Vec::new(),
         };
         let kind = inode.dtype();
         let mut p = self.w_get(st, work, parent)?.clone();

@@ -1446,3 +1446,250 @@ fn replacing_an_overflow_value_reads_its_record_once() {
     ));
     assert_eq!(fs.getxattr(ino, b"user.b").unwrap(), big(2));
 }
+
+/// Each directory's `safs.dir.*` statistics against a walk of its tree;
+/// returns the tree's (files, subdirectories) below `dir`.
+fn stats_match_a_walk(fs: &Fs, dir: Ino) -> (u64, u64) {
+    stats_and_bytes_match_a_walk(fs, dir).0
+}
+
+/// [`stats_match_a_walk`], and the bytes below `dir`.
+fn stats_and_bytes_match_a_walk(fs: &Fs, dir: Ino) -> ((u64, u64), u64) {
+    let (mut files, mut subdirs, mut rfiles, mut rsubdirs, mut rbytes) = (0, 0, 0, 0, 0);
+    let mut after = Cookie::START;
+    loop {
+        let page = fs.readdir(dir, after, 100).unwrap();
+        let Some(last) = page.last() else { break };
+        after = last.cookie;
+        for e in page.iter().filter(|e| e.name != b"." && e.name != b"..") {
+            if u32::from(e.kind) << 12 == libc::S_IFDIR {
+                let ((f, d), b) = stats_and_bytes_match_a_walk(fs, e.ino);
+                subdirs += 1;
+                rfiles += f;
+                rsubdirs += d + 1;
+                rbytes += b;
+            } else {
+                files += 1;
+                rfiles += 1;
+                rbytes += fs.getattr(e.ino).unwrap().size;
+            }
+        }
+    }
+    let stat = |n: &str| -> u64 {
+        let v = fs
+            .getxattr(dir, format!("safs.dir.{n}").as_bytes())
+            .unwrap();
+        String::from_utf8(v).unwrap().parse().unwrap()
+    };
+    let want = [
+        ("files", files),
+        ("subdirs", subdirs),
+        ("entries", files + subdirs),
+        ("rfiles", rfiles),
+        ("rsubdirs", rsubdirs),
+        ("rentries", rfiles + rsubdirs),
+        ("rbytes", rbytes),
+    ];
+    for (n, v) in want {
+        assert_eq!(stat(n), v, "safs.dir.{n} of directory {dir}");
+    }
+    ((rfiles, rsubdirs), rbytes)
+}
+
+#[test]
+fn directory_statistics_follow_every_change_of_an_entry() {
+    let mut t = setup(320);
+    let ctx = Ctx::root();
+    let mk = |t: &T, parent: Ino, name: &str, dir: bool| -> Ino {
+        let mode = if dir {
+            libc::S_IFDIR | 0o755
+        } else {
+            libc::S_IFREG | 0o644
+        };
+        t.fs.make_node(&ctx, parent, name.as_bytes(), mode, 0, 0, None)
+            .unwrap()
+            .ino
+    };
+    let a = mk(&t, Ino::ROOT, "a", true);
+    let b = mk(&t, a, "b", true);
+    let c = mk(&t, b, "c", true);
+    let f = mk(&t, c, "f", false);
+    mk(&t, b, "g", false);
+    mk(&t, Ino::ROOT, "h", false);
+    t.fs.make_node(&ctx, c, b"s", libc::S_IFLNK | 0o777, 0, 0, Some(b"f"))
+        .unwrap();
+    assert_eq!(stats_match_a_walk(&t.fs, Ino::ROOT), (4, 3));
+    // A hard link counts in each directory that names it.
+    t.fs.link(f, Ino::ROOT, b"f2").unwrap();
+    let x = mk(&t, Ino::ROOT, "x", true);
+    // A directory moves what it holds; within one directory nothing moves.
+    let plain = RenameFlags::default();
+    t.fs.rename(&ctx, a, b"b", x, b"b", plain).unwrap();
+    t.fs.rename(&ctx, x, b"b", x, b"b2", plain).unwrap();
+    stats_match_a_walk(&t.fs, Ino::ROOT);
+    // An exchange of a directory and a file across directories.
+    let exchange = RenameFlags {
+        exchange: true,
+        ..plain
+    };
+    t.fs.rename(&ctx, x, b"b2", Ino::ROOT, b"h", exchange)
+        .unwrap();
+    stats_match_a_walk(&t.fs, Ino::ROOT);
+    // Over an existing file, and leaving a whiteout.
+    t.fs.rename(&ctx, Ino::ROOT, b"f2", x, b"b2", plain)
+        .unwrap();
+    let whiteout = RenameFlags {
+        whiteout: true,
+        ..plain
+    };
+    t.fs.rename(&ctx, c, b"s", a, b"s", whiteout).unwrap();
+    stats_match_a_walk(&t.fs, Ino::ROOT);
+    t.fs.unlink(c, b"f").unwrap();
+    t.fs.unlink(c, b"s").unwrap();
+    t.fs.rmdir(b, b"c").unwrap();
+    // Left: a/s, x/b2 (f), h/g (h is b now); a, x, h.
+    assert_eq!(stats_match_a_walk(&t.fs, Ino::ROOT), (3, 3));
+    // Not listed, not settable, absent on files.
+    let names = t.fs.listxattr(&ctx, a).unwrap();
+    assert!(!names.windows(5).any(|w| w == b"safs."), "{names:?}");
+    assert!(matches!(
+        t.fs.setxattr(&ctx, a, b"safs.dir.rfiles", b"0", 0),
+        Err(CoreError::NotSupported)
+    ));
+    assert!(matches!(
+        t.fs.removexattr(a, b"safs.dir.rfiles"),
+        Err(CoreError::NotSupported)
+    ));
+    let file_ino = t.fs.lookup(x, b"b2").unwrap().ino;
+    for name in [&b"safs.dir.rfiles"[..], b"safs.dir.nonesuch"] {
+        assert!(matches!(
+            t.fs.getxattr(file_ino, name),
+            Err(CoreError::NoData)
+        ));
+    }
+    assert!(matches!(
+        t.fs.getxattr(a, b"safs.dir.nonesuch"),
+        Err(CoreError::NoData)
+    ));
+    // Sizes: a write and close, a truncate, a file with two names, one
+    // removed while open.
+    let write = |ino: Ino, at: u64, n: usize| {
+        let h =
+            t.fs.open(
+                ino,
+                OpenMode {
+                    write: true,
+                    truncate: false,
+                },
+            )
+            .unwrap();
+        t.fs.write(h.fh, at, &vec![7u8; n]).unwrap();
+        t.fs.release(h.fh).unwrap();
+    };
+    let g = t.fs.lookup(b, b"g").unwrap().ino;
+    write(g, 0, 5000);
+    t.fs.link(g, a, b"g2").unwrap();
+    t.fs.link(g, a, b"g3").unwrap();
+    write(g, 10_000, 100);
+    assert_eq!(
+        stats_and_bytes_match_a_walk(&t.fs, Ino::ROOT).1,
+        3 * 10_100 + 1
+    );
+    let cut = SetAttr {
+        size: Some(300),
+        ..SetAttr::default()
+    };
+    t.fs.setattr(&ctx, g, &cut).unwrap();
+    t.fs.unlink(b, b"g").unwrap();
+    stats_match_a_walk(&t.fs, Ino::ROOT);
+    let h =
+        t.fs.open(
+            g,
+            OpenMode {
+                write: true,
+                truncate: false,
+            },
+        )
+        .unwrap();
+    t.fs.unlink(a, b"g2").unwrap();
+    t.fs.unlink(a, b"g3").unwrap();
+    t.fs.write(h.fh, 0, &[1u8; 9000]).unwrap();
+    t.fs.release(h.fh).unwrap();
+    assert_eq!(stats_and_bytes_match_a_walk(&t.fs, Ino::ROOT).1, 1);
+    let sized = mk(&t, x, "sized", false);
+    write(sized, 0, 1234);
+    // Many changes in a few directories, in an order no one chose; then
+    // the same from the records alone.
+    let dirs = [Ino::ROOT, a, x, b];
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for _ in 0..3_000 {
+        let d = dirs[next(4) as usize];
+        let name = format!("n{}", next(12));
+        let _ = match next(7) {
+            0 => {
+                t.fs.make_node(&ctx, d, name.as_bytes(), libc::S_IFREG | 0o644, 0, 0, None)
+                    .map(drop)
+            }
+            1 => {
+                t.fs.make_node(&ctx, d, name.as_bytes(), libc::S_IFDIR | 0o755, 0, 0, None)
+                    .map(drop)
+            }
+            2 => t.fs.unlink(d, name.as_bytes()),
+            3 => t.fs.rmdir(d, name.as_bytes()),
+            4 => {
+                let to = dirs[next(4) as usize];
+                let flags = RenameFlags {
+                    exchange: next(3) == 0,
+                    ..plain
+                };
+                let new = format!("n{}", next(12));
+                t.fs.rename(&ctx, d, name.as_bytes(), to, new.as_bytes(), flags)
+            }
+            5 => match t.fs.lookup(d, name.as_bytes()) {
+                Ok(attr) if attr.mode & libc::S_IFMT != libc::S_IFDIR => {
+                    let h = t.fs.open(
+                        attr.ino,
+                        OpenMode {
+                            write: true,
+                            truncate: next(2) == 0,
+                        },
+                    );
+                    h.and_then(|h| {
+                        t.fs.write(h.fh, next(5000), &[3u8; 700])?;
+                        t.fs.release(h.fh)
+                    })
+                }
+                Ok(_) => Ok(()),
+                Err(e) => Err(e),
+            },
+            _ => match t.fs.lookup(d, name.as_bytes()) {
+                Ok(attr) => {
+                    t.fs.link(
+                        attr.ino,
+                        dirs[next(4) as usize],
+                        format!("l{}", next(12)).as_bytes(),
+                    )
+                    .map(drop)
+                }
+                Err(e) => Err(e),
+            },
+        };
+    }
+    let ((files, subdirs), bytes) = stats_and_bytes_match_a_walk(&t.fs, Ino::ROOT);
+    assert!(
+        files > 20 && subdirs > 10 && bytes > 10_000,
+        "{files} files, {subdirs} directories, {bytes} bytes"
+    );
+    t.fs.sync().unwrap();
+    remount_with_dircache(&mut t, false);
+    assert_eq!(
+        stats_and_bytes_match_a_walk(&t.fs, Ino::ROOT),
+        ((files, subdirs), bytes)
+    );
+}

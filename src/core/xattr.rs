@@ -239,6 +239,10 @@ impl Fs {
 
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
         let ino = ino.0;
+        if name.starts_with(super::stats::PREFIX) {
+            let mut st = self.state.lock();
+            return self.dir_stat(&mut st, ino, name);
+        }
         check_name(name)?;
         let found = {
             let mut st = self.lock_with_inode(ino, Some(name));

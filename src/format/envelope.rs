@@ -138,6 +138,10 @@ impl<'a> Reader<'a> {
         Ok(self.u64()? as i64)
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
     pub fn rest(&mut self) -> &'a [u8] {
         std::mem::take(&mut self.buf)
     }

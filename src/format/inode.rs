@@ -5,11 +5,19 @@
 //! size u64  blocks u64
 //! atime, mtime, ctime, crtime: each sec:i64 nsec:u32
 //! generation u64
-//! parent u64        directories: the ino of "..", others 0
+//! parent u64        directories: the ino of "..", others on volumes with
+//!                   `FEATURE_DIR_STATS`: the directory of their first name
+//!                   (0 = none), else 0
 //! next_cookie u64   directories: next readdir cookie to hand out
 //! spill_len u32     packed size of the spill record, 0 = none
 //! overflow u32      number of overflow records (`X` keys)
 //! inline area       a packed xattr set (see `xattrs`)
+//! then, on volumes with `FEATURE_DIR_STATS` only:
+//! stats             directories: tag u8 = 1, files u64, rfiles u64,
+//!                   rsubdirs u64, rbytes u64
+//! links             others with names in more than one directory: tag u8
+//!                   = 2, n u32, n × u64 (the directories of the names
+//!                   after the first, one per name)
 //! ```
 //!
 //! One point read of `I<ino>` returns the attributes *and* the small xattrs
@@ -66,7 +74,31 @@ pub struct Inode {
     pub overflow: u32,
     /// Invariant: `inline.packed_len()` ≤ the volume's inline budget.
     pub inline: XattrSet,
+    /// A directory's counts, on volumes that keep them (`core::stats`).
+    pub stats: Option<DirStats>,
+    /// A non-directory's names after the first: the directory of each
+    /// (on volumes that keep statistics; `parent` holds the first).
+    pub links: Vec<u64>,
 }
+
+/// What lies below a directory, kept current by every change of an entry
+/// (CephFS's rstats). A non-directory entry is a file, whatever its type;
+/// `subdirs` (direct) is the link count's business (`nlink - 2`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DirStats {
+    /// Non-directory entries directly in it.
+    pub files: u64,
+    /// Non-directory entries anywhere below it (each name counts).
+    pub rfiles: u64,
+    /// Directories anywhere below it.
+    pub rsubdirs: u64,
+    /// Bytes of the non-directories anywhere below it (their sizes, once
+    /// for each name: a symlink's is its target's length).
+    pub rbytes: u64,
+}
+
+const STATS_TAG: u8 = 1;
+const LINKS_TAG: u8 = 2;
 
 pub const S_IFMT: u32 = 0o170_000;
 pub const S_IFDIR: u32 = 0o040_000;
@@ -114,6 +146,19 @@ impl Inode {
         p.extend_from_slice(&self.spill_len.to_be_bytes());
         p.extend_from_slice(&self.overflow.to_be_bytes());
         self.inline.encode_into(&mut p);
+        if let Some(s) = &self.stats {
+            p.push(STATS_TAG);
+            for v in [s.files, s.rfiles, s.rsubdirs, s.rbytes] {
+                p.extend_from_slice(&v.to_be_bytes());
+            }
+        }
+        if !self.links.is_empty() {
+            p.push(LINKS_TAG);
+            p.extend_from_slice(&(self.links.len() as u32).to_be_bytes());
+            for v in &self.links {
+                p.extend_from_slice(&v.to_be_bytes());
+            }
+        }
         seal(key, Kind::Inode, &p)
     }
 
@@ -146,7 +191,30 @@ impl Inode {
             spill_len: r.u32()?,
             overflow: r.u32()?,
             inline: XattrSet::decode_from(&mut r)?,
+            stats: None,
+            links: Vec::new(),
         };
+        let mut ino = ino;
+        if !r.is_empty() && ino.is_dir() {
+            if r.u8()? != STATS_TAG {
+                return Err(FormatError::Malformed("unknown directory trailer"));
+            }
+            ino.stats = Some(DirStats {
+                files: r.u64()?,
+                rfiles: r.u64()?,
+                rsubdirs: r.u64()?,
+                rbytes: r.u64()?,
+            });
+        } else if !r.is_empty() {
+            if r.u8()? != LINKS_TAG {
+                return Err(FormatError::Malformed("unknown inode trailer"));
+            }
+            let n = r.u32()? as usize;
+            if n == 0 || n > 65_536 {
+                return Err(FormatError::Malformed("link count out of range"));
+            }
+            ino.links = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
+        }
         r.finish()?;
         Ok(ino)
     }
@@ -164,7 +232,11 @@ mod tests {
                       names in proptest::collection::btree_map(proptest::collection::vec(any::<u8>(), 1..20), proptest::collection::vec(any::<u8>(), 0..50), 0..5)) {
             let mut inline = XattrSet::new();
             for (k, v) in names { inline.insert(k, v); }
-            let ino = Inode { mode, size, mtime: Timestamp { sec, nsec }, nlink: 3, inline, ..Default::default() };
+            let dir = size % 2 == 0;
+            let stats = dir.then_some(DirStats { files: size / 3, rfiles: size / 2, rsubdirs: size / 5, rbytes: size / 7 });
+            let links = if dir || size % 3 == 0 { Vec::new() } else { vec![size, 7, 7] };
+            let mode = if dir { S_IFDIR | (mode & 0o7777) } else { S_IFREG | (mode & 0o7777) };
+            let ino = Inode { mode, size, mtime: Timestamp { sec, nsec }, nlink: 3, inline, stats, links, ..Default::default() };
             let k = keys::inode(42);
             prop_assert_eq!(Inode::decode(&k, &ino.encode(&k)).unwrap(), ino);
         }

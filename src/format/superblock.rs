@@ -32,6 +32,10 @@ pub const FEATURE_SPILL_PAGES: u64 = 4;
 /// block map (`B`) committed with each size: a build that does not know
 /// would take the local backing files, a cache, for the contents.
 pub const FEATURE_OBJECT_STORE: u64 = 8;
+/// Directory inodes carry their counts (`format::inode::DirStats`), kept
+/// by every change of an entry: a build that does not know would change
+/// entries without them, and read the records' trailer as damage.
+pub const FEATURE_DIR_STATS: u64 = 16;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
@@ -53,6 +57,10 @@ impl Superblock {
 
     pub fn has_object_store(&self) -> bool {
         self.features & FEATURE_OBJECT_STORE != 0
+    }
+
+    pub fn has_dir_stats(&self) -> bool {
+        self.features & FEATURE_DIR_STATS != 0
     }
 
     pub fn has_page_blocks(&self) -> bool {

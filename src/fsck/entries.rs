@@ -122,9 +122,17 @@ impl Checker<'_> {
             }
             let t = self.inodes.get_mut(&target).expect("checked");
             t.names += 1;
+            let p = self.inodes.get_mut(&parent).expect("checked");
             if is_dir {
-                t.named_in = Some(parent);
-                self.inodes.get_mut(&parent).expect("checked").subdirs += 1;
+                p.subdirs += 1;
+                self.inodes.get_mut(&target).expect("checked").named_in = Some(parent);
+            } else {
+                p.files += 1;
+                self.inodes
+                    .get_mut(&target)
+                    .expect("checked")
+                    .homes
+                    .push(parent);
             }
         }
         Ok(())
@@ -158,6 +166,7 @@ impl Checker<'_> {
         let lf = self.lost_found();
         let kind = {
             let info = self.inodes.get_mut(&ino).expect("lost inode listed");
+            info.names = 1;
             info.inode.nlink = if info.inode.is_dir() {
                 2 + info.subdirs
             } else {
@@ -165,6 +174,7 @@ impl Checker<'_> {
             };
             if info.inode.is_dir() {
                 info.inode.parent = lf;
+                info.named_in = Some(lf);
             }
             let k = keys::inode(ino);
             let rec = info.inode.encode(&k);
@@ -173,8 +183,13 @@ impl Checker<'_> {
         };
         let name = format!("#{ino}");
         self.add_index(lf, name.as_bytes(), ino, kind);
+        let l = self.inodes.get_mut(&lf).expect("made");
         if u32::from(kind) << 12 == S_IFDIR {
-            self.inodes.get_mut(&lf).expect("made").inode.nlink += 1;
+            l.inode.nlink += 1;
+            l.subdirs += 1;
+        } else {
+            l.files += 1;
+            self.inodes.get_mut(&ino).expect("lost inode listed").homes = vec![lf];
         }
         self.write_inode(lf);
         self.write_inode(ROOT_INO);
@@ -213,6 +228,7 @@ impl Checker<'_> {
             generation: 1,
             parent: ROOT_INO,
             next_cookie: crate::core::FIRST_COOKIE,
+            stats: self.dir_stats.then(Default::default),
             ..Default::default()
         };
         let kind = inode.dtype();
@@ -222,6 +238,8 @@ impl Checker<'_> {
                 inode,
                 names: 1,
                 subdirs: 0,
+                files: 0,
+                homes: Vec::new(),
                 named_in: Some(ROOT_INO),
                 spill_seen: 0,
                 spill_lost: false,
@@ -233,7 +251,9 @@ impl Checker<'_> {
             },
         );
         self.add_index(ROOT_INO, LOST_FOUND, ino, kind);
-        self.inodes.get_mut(&ROOT_INO).expect("root").inode.nlink += 1;
+        let root = self.inodes.get_mut(&ROOT_INO).expect("root");
+        root.inode.nlink += 1;
+        root.subdirs += 1;
         self.write_inode(ino);
         self.lost_found = Some(ino);
         ino

@@ -24,6 +24,8 @@ impl Checker<'_> {
                             inode,
                             names: 0,
                             subdirs: 0,
+                            files: 0,
+                            homes: Vec::new(),
                             named_in: None,
                             spill_seen: 0,
                             spill_lost: false,

@@ -202,6 +202,10 @@ struct Info {
     names: u32,
     /// Subdirectories (for a directory's link count).
     subdirs: u32,
+    /// Names of non-directories in this directory (its statistics).
+    files: u64,
+    /// A non-directory's names: the directory of each (its statistics).
+    homes: Vec<u64>,
     /// The directory holding this directory's one name.
     named_in: Option<u64>,
     /// Σ packed sizes of the readable spill pages.
@@ -243,6 +247,8 @@ struct Checker<'a> {
     objects: Option<crate::objstore::Store>,
     /// Read every object and check it against its record's hash.
     data_check: bool,
+    /// Directories carry statistics (`FEATURE_DIR_STATS`).
+    dir_stats: bool,
 }
 
 const PAGE: usize = 4096;
@@ -343,6 +349,7 @@ mod contents;
 mod entries;
 mod inodes;
 mod objects;
+mod stats;
 mod structure;
 mod sweep;
 mod xattrs;
@@ -481,6 +488,7 @@ fn check_store(
         remote: sb.has_object_store(),
         objects,
         data_check: checks.data_check,
+        dir_stats: sb.has_dir_stats(),
     };
     let mount_state = c.raw.get(keys::MOUNT_STATE)?;
     c.unclean = match mount_state.map(|rec| c.open(keys::MOUNT_STATE, rec)) {
@@ -516,6 +524,7 @@ fn check_store(
     c.pass_attachments()?;
     progress("sweep", 0, 1);
     c.sweep()?;
+    c.dir_stats();
     c.counters()?;
     if repair && c.unclean {
         let m = crate::format::superblock::MountState {

@@ -39,7 +39,8 @@ pub const ROOT_INO: u64 = 1;
 pub const KNOWN_FEATURES: u64 = crate::format::superblock::FEATURE_ENCRYPTED
     | crate::format::superblock::FEATURE_PAGE_BLOCKS
     | crate::format::superblock::FEATURE_SPILL_PAGES
-    | crate::format::superblock::FEATURE_OBJECT_STORE;
+    | crate::format::superblock::FEATURE_OBJECT_STORE
+    | crate::format::superblock::FEATURE_DIR_STATS;
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -370,6 +371,7 @@ pub fn initial_records(opts: &FormatOptions) -> (Superblock, Vec<crate::meta::Wr
         uuid: *uuid::Uuid::new_v4().as_bytes(),
         inline_bytes: opts.inline_bytes,
         features: crate::format::superblock::FEATURE_SPILL_PAGES
+            | crate::format::superblock::FEATURE_DIR_STATS
             | if opts.encryption.is_some() {
                 crate::format::superblock::FEATURE_ENCRYPTED
                     | crate::format::superblock::FEATURE_PAGE_BLOCKS
@@ -396,6 +398,7 @@ pub fn initial_records(opts: &FormatOptions) -> (Superblock, Vec<crate::meta::Wr
         parent: ROOT_INO,
         next_cookie: crate::core::FIRST_COOKIE,
         inline: XattrSet::new(),
+        stats: Some(Default::default()),
         ..Default::default()
     };
     let counters = Counters {
