@@ -116,3 +116,75 @@ fn directory_statistics_match_a_walk_after_every_kind_of_change() {
         Errno::ENODATA
     );
 }
+
+#[test]
+fn quotas_hold_through_a_mount_to_the_byte_and_show_in_statfs() {
+    let mut v = TestVolume::new();
+    let q = v.path("q");
+    fs::create_dir(&q).unwrap();
+    setxattr(&q, "safs.quota.max_bytes", b"1048576", 0).unwrap();
+    setxattr(&q, "safs.quota.max_files", b"10", 0).unwrap();
+    assert_eq!(getxattr(&q, "safs.quota.max_bytes").unwrap(), b"1048576");
+    // Writes in 64 KiB pieces, not page-aligned at the end, until refused:
+    // the file ends exactly at the limit (passthrough would not see it).
+    let fill = |path: &Path| -> (u64, std::io::Error) {
+        let mut f = fs::File::create(path).unwrap();
+        let piece = vec![5u8; 65_000];
+        let mut written = 0;
+        loop {
+            match std::io::Write::write(&mut f, &piece) {
+                Ok(n) => written += n as u64,
+                Err(e) => return (written, e),
+            }
+        }
+    };
+    let (written, e) = fill(&q.join("big"));
+    assert_eq!(e.raw_os_error(), Some(libc::EDQUOT), "{e}");
+    assert_eq!(
+        written,
+        1_048_576,
+        "bytes past the limit: {}",
+        written as i64 - 1_048_576
+    );
+    assert_eq!(fs::metadata(q.join("big")).unwrap().len(), 1_048_576);
+    assert_eq!(stat(&q, "rbytes"), 1_048_576);
+    let s = nix::sys::statvfs::statvfs(&q).unwrap();
+    assert_eq!(s.blocks() * s.fragment_size(), 1_048_576);
+    assert_eq!(s.blocks_available(), 0);
+    assert_eq!(s.files(), 10);
+    assert_eq!(s.files_free(), 9);
+    // Entries: nine more fit, then none, until room is made.
+    for i in 0..9 {
+        write_file(&q.join(format!("f{i}")), b"");
+    }
+    let e = fs::File::create(q.join("one-too-many")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EDQUOT), "{e}");
+    assert_eq!(
+        fs::create_dir(q.join("d")).unwrap_err().raw_os_error(),
+        Some(libc::EDQUOT)
+    );
+    fs::remove_file(q.join("f0")).unwrap();
+    fs::create_dir(q.join("d")).unwrap();
+    // Kept across a remount, and still enforced there.
+    v.remount();
+    assert_eq!(getxattr(&q, "safs.quota.max_files").unwrap(), b"10");
+    let e = fs::File::create(q.join("f0")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EDQUOT));
+    let big = fs::OpenOptions::new()
+        .append(true)
+        .open(q.join("big"))
+        .unwrap();
+    let e = std::io::Write::write(&mut &big, b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EDQUOT));
+    drop(big);
+    removexattr(&q, "safs.quota.max_bytes").unwrap();
+    removexattr(&q, "safs.quota.max_files").unwrap();
+    write_file(&q.join("f0"), b"now it fits");
+    assert!(
+        !listxattr(&q)
+            .unwrap()
+            .iter()
+            .any(|n| n.starts_with("safs."))
+    );
+    assert_stats_match_walks(&v.path(""));
+}

@@ -1106,3 +1106,60 @@ fn an_o_creat_racing_the_other_mounts_create_opens_the_same_file() {
         assert_eq!(a, b, "round {i}: two files for one name");
     }
 }
+
+/// A directory statistic read through one mount.
+fn dir_stat(dir: &Path, name: &str) -> Option<u64> {
+    let v = getxattr(dir, &format!("safs.dir.{name}")).ok()?;
+    String::from_utf8(v).ok()?.parse().ok()
+}
+
+#[test]
+fn a_quota_holds_across_mounts_and_both_see_the_same_statistics() {
+    let mut t = two_mounts();
+    let (a, b) = (&t.a, &t.b);
+    std::fs::create_dir(a.path("q")).unwrap();
+    setxattr(&a.path("q"), "safs.quota.max_bytes", b"1000000", 0).unwrap();
+    assert!(wait_until(VISIBLE, || getxattr(
+        &b.path("q"),
+        "safs.quota.max_bytes"
+    )
+    .ok()
+    .as_deref()
+        == Some(&b"1000000"[..])));
+    // One writer through each mount, in turn, until both are refused: the
+    // two files together end exactly at the limit.
+    let mut fa = std::fs::File::create(a.path("q/from-a")).unwrap();
+    let mut fb = std::fs::File::create(b.path("q/from-b")).unwrap();
+    let piece = vec![7u8; 30_000];
+    let (mut open_a, mut open_b) = (true, true);
+    while open_a || open_b {
+        for (f, open) in [(&mut fa, &mut open_a), (&mut fb, &mut open_b)] {
+            if *open {
+                if let Err(e) = std::io::Write::write(f, &piece) {
+                    assert_eq!(e.raw_os_error(), Some(libc::EDQUOT), "{e}");
+                    *open = false;
+                }
+            }
+        }
+    }
+    drop((fa, fb));
+    let total = std::fs::metadata(a.path("q/from-a")).unwrap().len()
+        + std::fs::metadata(a.path("q/from-b")).unwrap().len();
+    assert_eq!(
+        total,
+        1_000_000,
+        "bytes past the limit: {}",
+        total as i64 - 1_000_000
+    );
+    for m in [a, b] {
+        assert!(
+            wait_until(VISIBLE, || dir_stat(&m.path("q"), "rbytes")
+                == Some(1_000_000)
+                && dir_stat(&m.path("q"), "rfiles") == Some(2)
+                && dir_stat(&m.mnt, "rentries") == Some(3)),
+            "statistics through {}",
+            m.mnt.display()
+        );
+    }
+    t.unmount_and_fsck();
+}

@@ -46,6 +46,9 @@ pub enum CoreError {
     ReadOnly,
     #[error("too many links")]
     TooManyLinks,
+    /// A directory's quota (`safs.quota.*`) would be passed.
+    #[error("disk quota exceeded")]
+    Quota,
     /// A record failed its checksum or did not decode: never served.
     #[error("corrupt record {key}: {source}")]
     Corrupt { key: String, source: FormatError },
@@ -101,6 +104,7 @@ impl CoreError {
             Stale => libc::ESTALE,
             ReadOnly => libc::EROFS,
             TooManyLinks => libc::EMLINK,
+            Quota => libc::EDQUOT,
             Corrupt { .. } | Meta(_) => libc::EIO,
             Keys(_) => libc::EINVAL,
             Io(e) => e.raw_os_error().unwrap_or(libc::EIO),

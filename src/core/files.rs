@@ -39,6 +39,9 @@ pub struct Handle {
     pub opener: u32,
     /// The backing file (also what passthrough hands to the kernel).
     pub file: Arc<File>,
+    /// A byte quota lies above the file (see `quota`): the daemon serves
+    /// this handle's I/O and checks each write that extends the file.
+    pub bounded: bool,
 }
 
 impl Fs {
@@ -169,11 +172,26 @@ impl Fs {
         if write {
             self.mark_dirty(ino, &file)?;
         }
-        if st.open_handle(ino, &file, write) && !fresh {
+        let first = st.open_handle(ino, &file, write);
+        if first && !fresh {
             // Reads made while nobody had it open (through a mapping kept
             // after close), and arm the backing file for this open's reads.
             self.observe_reads(st, ino, &file);
         }
+        let bounded = if first {
+            let limited = match self.inode(st, ino) {
+                Ok(i) => self.bytes_limited(st, &i),
+                Err(e) => Err(e),
+            };
+            let bounded = limited.unwrap_or_else(|e| {
+                tracing::error!(ino, error = %e, "cannot tell whether a quota bounds this file");
+                true
+            });
+            st.set_bounded(ino, bounded);
+            bounded
+        } else {
+            st.is_bounded(ino)
+        };
         let fh = Fh(self.next_fh.fetch_add(1, Ordering::Relaxed));
         let h = Arc::new(Handle {
             fh,
@@ -181,6 +199,7 @@ impl Fs {
             writable: write,
             opener,
             file,
+            bounded,
         });
         self.handles.lock().insert(fh, Arc::clone(&h));
         Ok(h)
@@ -243,6 +262,12 @@ impl Fs {
         }
         // Data only: no metadata to admit, but no writes while commits fail.
         self.store.healthy()?;
+        let data = if h.bounded {
+            let end = self.write_allowed(h.ino.0, offset, offset + data.len() as u64)?;
+            &data[..(end - offset) as usize]
+        } else {
+            data
+        };
         self.data.write(&h.file, h.ino.0, offset, data)?;
         Ok(data.len() as u32)
     }
@@ -381,6 +406,12 @@ impl Fs {
     ) -> Result<bool> {
         let h = self.handle(fh)?;
         let _space = self.writable()?;
+        if mode & libc::FALLOC_FL_KEEP_SIZE == 0 {
+            let mut st = self.state.lock();
+            let inode = self.inode(&mut st, h.ino.0)?;
+            let end = offset.saturating_add(length);
+            self.growth_allowed(&mut st, &inode, end.saturating_sub(inode.size))?;
+        }
         self.data
             .fallocate(&h.file, h.ino.0, offset, length, mode)
             .map_err(|e| match e.raw_os_error() {

@@ -22,6 +22,7 @@ mod files;
 pub mod ids;
 mod locks;
 mod namespace;
+mod quota;
 pub(crate) mod remote;
 mod shared;
 mod state;

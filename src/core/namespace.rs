@@ -380,6 +380,7 @@ impl Fs {
             if !inode.is_reg() {
                 return Err(CoreError::Invalid);
             }
+            self.growth_allowed(&mut st, &inode, size.saturating_sub(inode.size))?;
             let open = st.writer_backing(ino);
             let file = match open {
                 Some(f) => f,
@@ -589,6 +590,9 @@ impl Fs {
         if self.dirent(&mut st, parent, name)?.is_some() {
             return Err(CoreError::Exists);
         }
+        // Before anything is taken (an inode number, a backing file).
+        let bytes = target.map_or(0, |t| t.len() as i64);
+        self.quota_allows(&mut st, parent, 1, bytes)?;
         let ftype = mode & S_IFMT;
         let is_dir = ftype == S_IFDIR;
         let now = Timestamp::now();
@@ -655,6 +659,7 @@ impl Fs {
             inline,
             stats: (is_dir && self.sb.has_dir_stats()).then(Default::default),
             links: Vec::new(),
+            quota: Default::default(),
         };
         for (p, _) in spill.stored() {
             let k = keys::spill_page(ino, p);
@@ -1002,6 +1007,7 @@ impl Fs {
             inline: XattrSet::new(),
             stats: None,
             links: Vec::new(),
+            quota: Default::default(),
         };
         let kind = inode.dtype();
         let mut p = self.w_get(st, work, parent)?.clone();
@@ -1098,14 +1104,24 @@ impl Fs {
             .collect()
     }
 
-    pub fn statfs(&self) -> Result<Statfs> {
+    /// The filesystem's figures as seen from `ino`: inside a directory
+    /// with a quota, its limits are the size and what they leave is free.
+    pub fn statfs(&self, ino: Ino) -> Result<Statfs> {
         let vfs =
             nix::sys::statvfs::statvfs(self.layout.root.as_path()).map_err(std::io::Error::from)?;
-        let inodes = self.state.lock().counters().inodes;
+        let (inodes, quota) = {
+            let mut st = self.state.lock();
+            let quota = match self.quota_view(&mut st, ino.0) {
+                Ok(q) => q,
+                Err(CoreError::NotFound) => None,
+                Err(e) => return Err(e),
+            };
+            (st.counters().inodes, quota)
+        };
         let bsize = vfs.fragment_size().max(512);
         let bavail = vfs.blocks_available();
         let ffree = bavail.saturating_mul(bsize) / 1024;
-        Ok(Statfs {
+        let mut s = Statfs {
             blocks: vfs.blocks(),
             bfree: vfs.blocks_free(),
             bavail,
@@ -1113,7 +1129,20 @@ impl Fs {
             ffree,
             bsize: bsize as u32,
             namelen: crate::format::NAME_MAX as u32,
-        })
+        };
+        if let Some((q, bytes, entries)) = quota {
+            if q.max_bytes > 0 {
+                s.blocks = q.max_bytes.div_ceil(bsize);
+                let left = q.max_bytes.saturating_sub(bytes) / bsize;
+                s.bfree = s.bfree.min(left);
+                s.bavail = s.bavail.min(left);
+            }
+            if q.max_files > 0 {
+                s.files = q.max_files;
+                s.ffree = q.max_files.saturating_sub(entries).min(s.ffree);
+            }
+        }
+        Ok(s)
     }
 
     /// Inode type bits of `ino`.

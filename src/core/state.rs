@@ -45,6 +45,9 @@ struct OpenInode {
     /// A descriptor of the backing file while any handle is open: where
     /// reads show (see `Fs::observe_reads`).
     any: Option<Arc<File>>,
+    /// A byte quota lay above it at its first open: every handle until the
+    /// last close is served by the daemon, which checks each write.
+    bounded: bool,
 }
 
 /// What closing one handle left.
@@ -345,6 +348,19 @@ impl State {
     // ---- open files -----------------------------------------------------------
 
     /// Registers a handle of `ino` opened on `file`; true if it is the first.
+    /// Whether the handles of open inode `ino` are bounded by a quota
+    /// (see the field).
+    pub fn is_bounded(&self, ino: u64) -> bool {
+        self.open.get(&ino).is_some_and(|o| o.bounded)
+    }
+
+    /// Decided at the first open of `ino`.
+    pub fn set_bounded(&mut self, ino: u64, bounded: bool) {
+        if let Some(o) = self.open.get_mut(&ino) {
+            o.bounded = bounded;
+        }
+    }
+
     pub fn open_handle(&mut self, ino: u64, file: &Arc<File>, write: bool) -> bool {
         let o = self.open.entry(ino).or_default();
         o.handles += 1;

@@ -85,6 +85,8 @@ impl Fs {
                 None => net.push((m.dir, m.ino, m.is_dir, sign)),
             }
         }
+        let mut weights: Vec<(u64, Weight)> = Vec::with_capacity(net.len());
+        let mut homes: Vec<(u64, u64, i64)> = Vec::new();
         for (dir, ino, is_dir, sign) in net {
             if sign == 0 {
                 continue;
@@ -105,22 +107,83 @@ impl Fs {
                     rbytes: s.rbytes as i64 * sign,
                 }
             } else {
-                let i = self.w_get(st, work, ino)?;
-                for _ in 0..sign.abs() {
-                    if sign > 0 {
-                        add_home(i, dir);
-                    } else {
-                        drop_home(i, dir);
-                    }
-                }
+                let size = self.w_get(st, work, ino)?.size;
+                homes.push((ino, dir, sign));
                 Weight {
                     files: sign,
                     rfiles: sign,
                     rsubdirs: 0,
-                    rbytes: i.size as i64 * sign,
+                    rbytes: size as i64 * sign,
                 }
             };
+            weights.push((dir, w));
+        }
+        if weights
+            .iter()
+            .any(|(_, w)| w.rfiles > 0 || w.rsubdirs > 0 || w.rbytes > 0)
+        {
+            self.quotas_hold(st, work, &weights)?;
+        }
+        for (ino, dir, sign) in homes {
+            let i = self.w_get(st, work, ino)?;
+            for _ in 0..sign.abs() {
+                if sign > 0 {
+                    add_home(i, dir);
+                } else {
+                    drop_home(i, dir);
+                }
+            }
+        }
+        for (dir, w) in weights {
             self.add_up(st, work, dir, w)?;
+        }
+        Ok(())
+    }
+
+    /// `EDQUOT` if the weights, summed over each directory above them,
+    /// take one with a quota past it. Summed first: a rename within a tree
+    /// with a limit adds nothing to it, whatever it moves.
+    fn quotas_hold(&self, st: &mut State, work: &Work, weights: &[(u64, Weight)]) -> Result<()> {
+        let mut sums: Vec<(u64, i64, i64)> = Vec::new();
+        for &(dir, w) in weights {
+            let mut at = dir;
+            for _ in 0..MAX_DEPTH {
+                let parent = match work.inodes.get(&at) {
+                    Some(i) => i.parent,
+                    None => self.load(st, at)?.inode.parent,
+                };
+                match sums.iter_mut().find(|s| s.0 == at) {
+                    Some(s) => {
+                        s.1 += w.rfiles + w.rsubdirs;
+                        s.2 += w.rbytes;
+                    }
+                    None => sums.push((at, w.rfiles + w.rsubdirs, w.rbytes)),
+                }
+                match up_from(at, parent) {
+                    Some(up) => at = up,
+                    None => break,
+                }
+            }
+        }
+        for (dir, entries, bytes) in sums {
+            if entries <= 0 && bytes <= 0 {
+                continue;
+            }
+            let i = match work.inodes.get(&dir) {
+                Some(i) => i,
+                None => &self.load(st, dir)?.inode,
+            };
+            let (q, Some(s)) = (i.quota, i.stats) else {
+                continue;
+            };
+            let over = |now: u64, more: i64, max: u64| {
+                max > 0 && more > 0 && now.saturating_add(more as u64) > max
+            };
+            if over(s.rfiles + s.rsubdirs, entries, q.max_files)
+                || over(s.rbytes, bytes, q.max_bytes)
+            {
+                return Err(CoreError::Quota);
+            }
         }
         Ok(())
     }
@@ -220,7 +283,7 @@ impl Fs {
 }
 
 /// The directory above `at` (whose `..` is `parent`), or `None` at the top.
-fn up_from(at: u64, parent: u64) -> Option<u64> {
+pub(super) fn up_from(at: u64, parent: u64) -> Option<u64> {
     (at != crate::core::volume::ROOT_INO && parent != at && parent != 0).then_some(parent)
 }
 

@@ -221,7 +221,7 @@ fn tiers_survive_remount_and_absent_names_need_no_read() {
     ));
     // Removing everything leaves no spill or overflow records behind.
     for i in 0..sizes.len() {
-        fs.removexattr(ino, format!("user.v{i}").as_bytes())
+        fs.removexattr(&Ctx::root(), ino, format!("user.v{i}").as_bytes())
             .unwrap();
     }
     fs.sync().unwrap();
@@ -273,7 +273,7 @@ fn a_set_on_a_file_with_many_xattrs_rewrites_one_spill_page() {
         }
         assert!(written.len() <= 3, "inode, one page, counters: {written:?}");
     }
-    t.fs.removexattr(ino, &stream(3)).unwrap();
+    t.fs.removexattr(&Ctx::root(), ino, &stream(3)).unwrap();
     t.fs.close().unwrap();
     let sb = t.fs.superblock().clone();
     let fs = remount(t._dir.path(), &t.engine, sb);
@@ -345,7 +345,7 @@ fn a_whole_spill_record_of_an_older_volume_keeps_working() {
     fs.sync().unwrap();
     assert!(!t.engine.written.lock().contains(&k0.to_vec()));
     // A change inside it rewrites it, smaller.
-    fs.removexattr(ino, &stream(5)).unwrap();
+    fs.removexattr(&Ctx::root(), ino, &stream(5)).unwrap();
     fs.close().unwrap();
     let fs = remount(t._dir.path(), &t.engine, fs.superblock().clone());
     assert_eq!(fs.getxattr(ino, b"user.new").unwrap(), vec![1; 40]);
@@ -594,7 +594,7 @@ fn xattr_flags_and_limits() {
         Err(CoreError::NotSupported)
     ));
     assert!(matches!(
-        t.fs.removexattr(ino, b"user.zz"),
+        t.fs.removexattr(&Ctx::root(), ino, b"user.zz"),
         Err(CoreError::NoData)
     ));
 }
@@ -1439,7 +1439,7 @@ fn replacing_an_overflow_value_reads_its_record_once() {
     fs.drop_caches();
     assert_eq!(fs.getxattr(ino, b"user.a").unwrap(), big(6));
     assert_eq!(fs.getxattr(ino, b"user.b").unwrap(), big(2));
-    fs.removexattr(ino, b"user.a").unwrap();
+    fs.removexattr(&Ctx::root(), ino, b"user.a").unwrap();
     assert!(matches!(
         fs.getxattr(ino, b"user.a"),
         Err(CoreError::NoData)
@@ -1557,7 +1557,7 @@ fn directory_statistics_follow_every_change_of_an_entry() {
         Err(CoreError::NotSupported)
     ));
     assert!(matches!(
-        t.fs.removexattr(a, b"safs.dir.rfiles"),
+        t.fs.removexattr(&Ctx::root(), a, b"safs.dir.rfiles"),
         Err(CoreError::NotSupported)
     ));
     let file_ino = t.fs.lookup(x, b"b2").unwrap().ino;
@@ -1692,4 +1692,143 @@ fn directory_statistics_follow_every_change_of_an_entry() {
         stats_and_bytes_match_a_walk(&t.fs, Ino::ROOT),
         ((files, subdirs), bytes)
     );
+}
+
+#[test]
+fn quotas_refuse_what_would_pass_them_and_nothing_else() {
+    let t = setup(320);
+    let (ctx, fs) = (Ctx::root(), &t.fs);
+    let mk = |parent: Ino, name: &str, dir: bool| {
+        let mode = if dir {
+            libc::S_IFDIR | 0o755
+        } else {
+            libc::S_IFREG | 0o644
+        };
+        fs.make_node(&ctx, parent, name.as_bytes(), mode, 0, 0, None)
+            .map(|a| a.ino)
+    };
+    let q = mk(Ino::ROOT, "q", true).unwrap();
+    let out = mk(Ino::ROOT, "out", true).unwrap();
+    let user = Ctx::unseen(1000, 1000);
+    // Who may set them, where, and what.
+    assert!(matches!(
+        fs.setxattr(&user, q, b"safs.quota.max_files", b"3", 0),
+        Err(CoreError::Perm)
+    ));
+    let f = mk(out, "f", false).unwrap();
+    assert!(matches!(
+        fs.setxattr(&ctx, f, b"safs.quota.max_files", b"3", 0),
+        Err(CoreError::NotSupported)
+    ));
+    for bad in [&b"-1"[..], b"lots", b""] {
+        assert!(matches!(
+            fs.setxattr(&ctx, q, b"safs.quota.max_files", bad, 0),
+            Err(CoreError::Invalid)
+        ));
+    }
+    assert!(matches!(
+        fs.getxattr(q, b"safs.quota.max_files"),
+        Err(CoreError::NoData)
+    ));
+    fs.setxattr(&ctx, q, b"safs.quota.max_files", b"3", 0)
+        .unwrap();
+    assert_eq!(fs.getxattr(q, b"safs.quota.max_files").unwrap(), b"3");
+    // Entries: three fit, a fourth of any kind does not.
+    let sub = mk(q, "sub", true).unwrap();
+    mk(q, "a", false).unwrap();
+    mk(sub, "b", false).unwrap();
+    assert!(matches!(mk(q, "c", false), Err(CoreError::Quota)));
+    assert!(matches!(mk(sub, "d", true), Err(CoreError::Quota)));
+    assert!(matches!(fs.link(f, q, b"l"), Err(CoreError::Quota)));
+    let plain = RenameFlags::default();
+    assert!(matches!(
+        fs.rename(&ctx, out, b"f", q, b"f", plain),
+        Err(CoreError::Quota)
+    ));
+    // Within the tree nothing is added; out of it, room is made.
+    fs.rename(&ctx, q, b"a", sub, b"a", plain).unwrap();
+    fs.rename(&ctx, sub, b"a", out, b"a", plain).unwrap();
+    mk(q, "c", false).unwrap();
+    stats_match_a_walk(fs, Ino::ROOT);
+    // Nested: the inner limit holds where the outer one leaves room.
+    fs.removexattr(&ctx, q, b"safs.quota.max_files").unwrap();
+    assert!(matches!(
+        fs.removexattr(&ctx, q, b"safs.quota.max_files"),
+        Err(CoreError::NoData)
+    ));
+    fs.setxattr(&ctx, q, b"safs.quota.max_files", b"100", 0)
+        .unwrap();
+    fs.setxattr(&ctx, sub, b"safs.quota.max_files", b"1", 0)
+        .unwrap();
+    assert!(matches!(mk(sub, "e", false), Err(CoreError::Quota)));
+    mk(q, "e", false).unwrap();
+    // Bytes: a truncate up, a write through a bounded handle, a link of a
+    // file with bytes, and statfs inside.
+    fs.setxattr(&ctx, q, b"safs.quota.max_bytes", b"10000", 0)
+        .unwrap();
+    let e = fs.lookup(q, b"e").unwrap().ino;
+    let grow = |size| SetAttr {
+        size: Some(size),
+        ..SetAttr::default()
+    };
+    fs.setattr(&ctx, e, &grow(9000)).unwrap();
+    assert!(matches!(
+        fs.setattr(&ctx, e, &grow(10_001)),
+        Err(CoreError::Quota)
+    ));
+    let h = fs
+        .open(
+            e,
+            OpenMode {
+                write: true,
+                truncate: false,
+            },
+        )
+        .unwrap();
+    assert!(h.bounded, "a byte limit lies above it");
+    fs.write(h.fh, 9000, &[1u8; 1000]).unwrap();
+    // Short where the limit falls inside it, refused where it falls at
+    // its start.
+    assert_eq!(fs.write(h.fh, 9999, &[1u8; 2]).unwrap(), 1);
+    assert!(matches!(
+        fs.write(h.fh, 10_000, &[1u8; 2]),
+        Err(CoreError::Quota)
+    ));
+    assert!(matches!(
+        fs.fallocate(&ctx, h.fh, 0, 10_001, 0),
+        Err(CoreError::Quota)
+    ));
+    fs.release(h.fh).unwrap();
+    assert_eq!(fs.getattr(e).unwrap().size, 10_000);
+    let outside = fs
+        .open(
+            f,
+            OpenMode {
+                write: true,
+                truncate: false,
+            },
+        )
+        .unwrap();
+    assert!(!outside.bounded);
+    fs.write(outside.fh, 0, &[2u8; 50]).unwrap();
+    fs.release(outside.fh).unwrap();
+    fs.setattr(&ctx, e, &grow(9951)).unwrap();
+    assert!(matches!(fs.link(f, q, b"f2"), Err(CoreError::Quota)));
+    fs.setattr(&ctx, e, &grow(9950)).unwrap();
+    fs.setxattr(&ctx, q, b"safs.quota.max_files", b"0", 0)
+        .unwrap();
+    fs.link(f, q, b"f2").unwrap();
+    let s = fs.statfs(e).unwrap();
+    assert_eq!(s.blocks, 10_000_u64.div_ceil(u64::from(s.bsize)));
+    assert_eq!(s.bavail, 0);
+    // A limit below what the tree holds: it can only shrink.
+    fs.setxattr(&ctx, q, b"safs.quota.max_bytes", b"10", 0)
+        .unwrap();
+    assert!(matches!(
+        fs.setattr(&ctx, e, &grow(9951)),
+        Err(CoreError::Quota)
+    ));
+    fs.setattr(&ctx, e, &grow(0)).unwrap();
+    fs.unlink(q, b"f2").unwrap();
+    stats_match_a_walk(fs, Ino::ROOT);
 }

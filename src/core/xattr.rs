@@ -243,6 +243,10 @@ impl Fs {
             let mut st = self.state.lock();
             return self.dir_stat(&mut st, ino, name);
         }
+        if name.starts_with(super::quota::PREFIX) {
+            let mut st = self.state.lock();
+            return self.quota_get(&mut st, ino, name);
+        }
         check_name(name)?;
         let found = {
             let mut st = self.lock_with_inode(ino, Some(name));
@@ -266,6 +270,9 @@ impl Fs {
         value: &[u8],
         flags: i32,
     ) -> Result<()> {
+        if name.starts_with(super::quota::PREFIX) {
+            return self.quota_set(ctx, ino, name, Some(value), flags);
+        }
         check_name(name)?;
         let ino = ino.0;
         if value.len() > XATTR_SIZE_MAX {
@@ -327,7 +334,10 @@ impl Fs {
         self.commit(w)
     }
 
-    pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
+    pub fn removexattr(&self, ctx: &Ctx, ino: Ino, name: &[u8]) -> Result<()> {
+        if name.starts_with(super::quota::PREFIX) {
+            return self.quota_set(ctx, ino, name, None, 0);
+        }
         let ino = ino.0;
         check_name(name)?;
         let _space = self.removable()?;

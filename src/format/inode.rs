@@ -18,6 +18,8 @@
 //! links             others with names in more than one directory: tag u8
 //!                   = 2, n u32, n × u64 (the directories of the names
 //!                   after the first, one per name)
+//! quota             directories with a limit: tag u8 = 3, max_bytes u64,
+//!                   max_files u64 (0: no limit)
 //! ```
 //!
 //! One point read of `I<ino>` returns the attributes *and* the small xattrs
@@ -79,6 +81,24 @@ pub struct Inode {
     /// A non-directory's names after the first: the directory of each
     /// (on volumes that keep statistics; `parent` holds the first).
     pub links: Vec<u64>,
+    /// A directory's limits (`safs.quota.*`).
+    pub quota: Quota,
+}
+
+/// Limits on what may lie below a directory; 0: none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Quota {
+    /// On its `rbytes`.
+    pub max_bytes: u64,
+    /// On its `rentries` (files and directories below it), as CephFS's
+    /// `max_files` counts.
+    pub max_files: u64,
+}
+
+impl Quota {
+    pub fn is_none(&self) -> bool {
+        *self == Quota::default()
+    }
 }
 
 /// What lies below a directory, kept current by every change of an entry
@@ -99,6 +119,7 @@ pub struct DirStats {
 
 const STATS_TAG: u8 = 1;
 const LINKS_TAG: u8 = 2;
+const QUOTA_TAG: u8 = 3;
 
 pub const S_IFMT: u32 = 0o170_000;
 pub const S_IFDIR: u32 = 0o040_000;
@@ -159,6 +180,12 @@ impl Inode {
                 p.extend_from_slice(&v.to_be_bytes());
             }
         }
+        if !self.quota.is_none() {
+            p.push(QUOTA_TAG);
+            for v in [self.quota.max_bytes, self.quota.max_files] {
+                p.extend_from_slice(&v.to_be_bytes());
+            }
+        }
         seal(key, Kind::Inode, &p)
     }
 
@@ -193,27 +220,44 @@ impl Inode {
             inline: XattrSet::decode_from(&mut r)?,
             stats: None,
             links: Vec::new(),
+            quota: Quota::default(),
         };
         let mut ino = ino;
-        if !r.is_empty() && ino.is_dir() {
-            if r.u8()? != STATS_TAG {
-                return Err(FormatError::Malformed("unknown directory trailer"));
+        // Tagged sections, each at most once, in tag order.
+        let mut last = 0;
+        while !r.is_empty() {
+            let tag = r.u8()?;
+            if tag <= last {
+                return Err(FormatError::Malformed("inode trailer out of order"));
             }
-            ino.stats = Some(DirStats {
-                files: r.u64()?,
-                rfiles: r.u64()?,
-                rsubdirs: r.u64()?,
-                rbytes: r.u64()?,
-            });
-        } else if !r.is_empty() {
-            if r.u8()? != LINKS_TAG {
-                return Err(FormatError::Malformed("unknown inode trailer"));
+            last = tag;
+            match (tag, ino.is_dir()) {
+                (STATS_TAG, true) => {
+                    ino.stats = Some(DirStats {
+                        files: r.u64()?,
+                        rfiles: r.u64()?,
+                        rsubdirs: r.u64()?,
+                        rbytes: r.u64()?,
+                    })
+                }
+                (LINKS_TAG, false) => {
+                    let n = r.u32()? as usize;
+                    if n == 0 || n > 65_536 {
+                        return Err(FormatError::Malformed("link count out of range"));
+                    }
+                    ino.links = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
+                }
+                (QUOTA_TAG, true) => {
+                    ino.quota = Quota {
+                        max_bytes: r.u64()?,
+                        max_files: r.u64()?,
+                    };
+                    if ino.quota.is_none() {
+                        return Err(FormatError::Malformed("an empty quota"));
+                    }
+                }
+                _ => return Err(FormatError::Malformed("unknown inode trailer")),
             }
-            let n = r.u32()? as usize;
-            if n == 0 || n > 65_536 {
-                return Err(FormatError::Malformed("link count out of range"));
-            }
-            ino.links = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
         }
         r.finish()?;
         Ok(ino)
@@ -236,7 +280,8 @@ mod tests {
             let stats = dir.then_some(DirStats { files: size / 3, rfiles: size / 2, rsubdirs: size / 5, rbytes: size / 7 });
             let links = if dir || size % 3 == 0 { Vec::new() } else { vec![size, 7, 7] };
             let mode = if dir { S_IFDIR | (mode & 0o7777) } else { S_IFREG | (mode & 0o7777) };
-            let ino = Inode { mode, size, mtime: Timestamp { sec, nsec }, nlink: 3, inline, stats, links, ..Default::default() };
+            let quota = if dir && size % 3 == 0 { Quota { max_bytes: size | 1, max_files: size / 11 } } else { Quota::default() };
+            let ino = Inode { mode, size, mtime: Timestamp { sec, nsec }, nlink: 3, inline, stats, links, quota, ..Default::default() };
             let k = keys::inode(42);
             prop_assert_eq!(Inode::decode(&k, &ino.encode(&k)).unwrap(), ino);
         }

@@ -252,7 +252,7 @@ impl SafsFuse {
         // A file read before it is wholly fetched: the daemon serves every
         // handle of it until its last close (the kernel mixes no cached and
         // passed-through opens of one inode).
-        if !self.passthrough() || self.fs.served_by_daemon(h.ino.0) {
+        if !self.passthrough() || h.bounded || self.fs.served_by_daemon(h.ino.0) {
             return None;
         }
         let (conn, _) = self.conn.get()?;
@@ -721,7 +721,7 @@ impl SafsFuse {
             }
             Req::Statfs => {
                 let _t = self.stats.start(Op::Statfs);
-                Statfs(reply).answer(self.fs.statfs());
+                Statfs(reply).answer(self.fs.statfs(ino));
             }
             Req::Setxattr {
                 name, value, flags, ..
@@ -739,7 +739,7 @@ impl SafsFuse {
             }
             Req::Removexattr { name } => {
                 let _t = self.stats.start(Op::Removexattr);
-                Empty(reply).answer(self.fs.removexattr(ino, name));
+                Empty(reply).answer(self.fs.removexattr(&ctx(h), ino, name));
             }
             Req::Access { .. } => {
                 let _t = self.stats.start(Op::Access);

@@ -1,6 +1,9 @@
 //! T2 — ZFS "Improve fstat(2) performance": `fstat` on one open file in a
 //! tight loop, and a `du`-style walk (readdir + lstat of every entry) of a
-//! `/usr`-shaped tree (see `tree`), cold and hot.
+//! `/usr`-shaped tree (see `tree`), cold and hot; then the same totals
+//! (entries and bytes below the tree's root) by two `getxattr`s of the
+//! root's recursive statistics where the target keeps them (safs's
+//! `safs.dir.rentries` and `safs.dir.rbytes`), cold and hot.
 //!
 //! Order: build the tree (untimed), `fstat` (best of `--reps`), `du cold`
 //! (each repetition after making the target cold), `du hot` (best of
@@ -68,6 +71,8 @@ pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
     let calls = ctx.sizes.t2_fstat_calls;
     let mut fstat = s.row("fstat", None, Unit::UsPerOp);
     let [mut du_cold, mut du_hot] = ["du cold", "du hot"].map(|c| s.row(c, None, Unit::Seconds));
+    let [mut rstats_cold, mut rstats_hot] =
+        ["rstats cold", "rstats hot"].map(|c| s.row(c, None, Unit::Seconds));
 
     // fstat on one open file.
     let file = dir.join("stat-me");
@@ -109,7 +114,7 @@ pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
     let root = dir.join("usr");
     let built = prepared(
         build(ctx, &root, ctx.sizes.t2_entries),
-        &mut [&mut du_cold, &mut du_hot],
+        &mut [&mut du_cold, &mut du_hot, &mut rstats_cold, &mut rstats_hot],
     )?;
     if let Some(entries) = built {
         let croot = cpath(&root);
@@ -148,7 +153,53 @@ pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
         } else {
             skipped(&mut du_hot, &du_cold);
         }
+        // The same totals from the root's statistics: what one request
+        // costs against what the walk did.
+        let totals = |ctx: &Ctx<'_>| -> Result<Timed, Fail> {
+            let start = Instant::now();
+            let n = rstat(&croot, c"safs.dir.rentries")?;
+            let bytes = rstat(&croot, c"safs.dir.rbytes")?;
+            let elapsed = start.elapsed();
+            ctx.tick(1)?;
+            if n != entries {
+                return Err(Fail::Na(format!(
+                    "statistics count {n} entries, not {entries}"
+                )));
+            }
+            std::hint::black_box(bytes);
+            Ok(Timed::of(elapsed))
+        };
+        let l = s.label("rstats cold");
+        let ok = ctx.phase(
+            t,
+            &mut rstats_cold,
+            PhaseSpec::new(&l, 1, reps, true),
+            totals,
+        )?;
+        if ok {
+            let l = s.label("rstats hot");
+            ctx.phase(
+                t,
+                &mut rstats_hot,
+                PhaseSpec::new(&l, 1, reps, false),
+                totals,
+            )?;
+        } else {
+            skipped(&mut rstats_hot, &rstats_cold);
+        }
     }
-    s.done([fstat, du_cold, du_hot]);
+    s.done([fstat, du_cold, du_hot, rstats_cold, rstats_hot]);
     Ok(())
+}
+
+/// A recursive statistic of directory `dir`, as decimal text in an xattr;
+/// n/a where the target keeps none.
+fn rstat(dir: &std::ffi::CStr, name: &std::ffi::CStr) -> Result<u64, Fail> {
+    let mut buf = [0u8; 32];
+    let n = rustix::fs::getxattr(dir, name, &mut buf[..])
+        .map_err(|e| Fail::Na(format!("{}: no directory statistics", errno_name(e))))?;
+    std::str::from_utf8(&buf[..n])
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| Fail::Na(format!("statistic {name:?} is not a number")))
 }
