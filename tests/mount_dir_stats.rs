@@ -188,3 +188,56 @@ fn quotas_hold_through_a_mount_to_the_byte_and_show_in_statfs() {
     );
     assert_stats_match_walks(&v.path(""));
 }
+
+#[test]
+fn safs_quota_sets_shows_lists_and_removes_limits() {
+    let v = TestVolume::new();
+    let (q, inner) = (v.path("q"), v.path("q/inner"));
+    fs::create_dir_all(&inner).unwrap();
+    write_file(&inner.join("f"), &[1u8; 3 << 19]);
+    let q_str = q.to_str().unwrap();
+    let out = safs([
+        "quota",
+        "set",
+        q_str,
+        "--max-bytes",
+        "2M",
+        "--max-files",
+        "10",
+    ]);
+    out.assert_success("safs quota set");
+    assert!(
+        out.stdout.contains("bytes 1.5 MiB of 2.0 MiB (75.0%)")
+            && out.stdout.contains("entries 2 of 10 (20.0%)"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(getxattr(&q, "safs.quota.max_bytes").unwrap(), b"2097152");
+    safs(["quota", "set", inner.to_str().unwrap(), "--max-files", "5"])
+        .assert_success("safs quota set");
+    let out = safs(["quota", "list", v.path("").to_str().unwrap()]);
+    out.assert_success("safs quota list");
+    assert_eq!(out.stdout.lines().count(), 2, "{}", out.stdout);
+    assert!(
+        out.stdout
+            .contains("inner: bytes 1.5 MiB (no limit); entries 1 of 5"),
+        "{}",
+        out.stdout
+    );
+    safs(["quota", "remove", q_str, "--files"]).assert_success("safs quota remove");
+    let out = safs(["quota", "get", q_str]);
+    assert!(
+        out.stdout.contains("entries 2 (no limit)"),
+        "{}",
+        out.stdout
+    );
+    safs(["quota", "set", q_str, "--max-bytes", "lots"]).assert_failure_with_message("a bad size");
+    safs(["quota", "set", q_str]).assert_failure_with_message("nothing to set");
+    let out = safs(["quota", "get", "/tmp"]);
+    out.assert_failure_with_message("quota of a directory not on safs");
+    assert!(
+        out.stderr.contains("safs volume that keeps statistics"),
+        "{}",
+        out.stderr
+    );
+}

@@ -12,6 +12,7 @@ mod migrate;
 mod mount;
 mod passphrase;
 mod passwd;
+mod quota;
 mod stats;
 
 use std::path::{Path, PathBuf};
@@ -69,6 +70,9 @@ pub enum Command {
     /// Restore metadata `safs dump` wrote into a new volume directory, or
     /// (--replace) over a volume's damaged metadata.
     Load(dump::LoadArgs),
+    /// Directory quotas: set, read, remove and list the `safs.quota.*`
+    /// limits of directories on a mounted safs, with their usage.
+    Quota(quota::QuotaArgs),
     /// Write the manual pages into a directory (scripts/run.sh installs them).
     #[command(hide = true)]
     Man(man::ManArgs),
@@ -102,6 +106,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             | Command::Dump(_)
             | Command::Load(_)
             | Command::Stats(_)
+            | Command::Quota(_)
     ) {
         safs::process::default_sigpipe();
     }
@@ -122,6 +127,7 @@ fn run_plain(command: Command) -> anyhow::Result<()> {
         Command::Bench(a) => bench::run(a),
         Command::Man(a) => man::run(a),
         Command::Stats(a) => stats::run(a),
+        Command::Quota(a) => quota::run(a),
         Command::Sync(a) => {
             let (vol, mountpoint) = info::resolve(&a.path)?;
             let sock = match mountpoint {

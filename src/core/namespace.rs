@@ -591,8 +591,10 @@ impl Fs {
             return Err(CoreError::Exists);
         }
         // Before anything is taken (an inode number, a backing file).
-        let bytes = target.map_or(0, |t| t.len() as i64);
-        self.quota_allows(&mut st, parent, 1, bytes)?;
+        if st.quotas_seen() {
+            let bytes = target.map_or(0, |t| t.len() as i64);
+            self.quota_allows(&mut st, parent, 1, bytes)?;
+        }
         let ftype = mode & S_IFMT;
         let is_dir = ftype == S_IFDIR;
         let now = Timestamp::now();
@@ -698,7 +700,15 @@ impl Fs {
         let taken = st.take_ino();
         debug_assert_eq!(taken, ino, "inode numbers are taken under the lock");
         self.put_counters(&st, &mut work.writes);
-        self.w_finish(&mut st, work)?;
+        if let Err(e) = self.w_finish(&mut st, work) {
+            // Refused before anything was applied (a quota the check above
+            // could not see yet): the backing file taken goes, unnamed.
+            if ftype == S_IFREG {
+                drop(file);
+                let _ = std::fs::remove_file(self.data.path(ino));
+            }
+            return Err(e);
+        }
         if is_dir {
             st.dirs().made(ino);
         }

@@ -86,6 +86,10 @@ pub(super) struct State {
     /// Inode loads the cache answered, and those that went to the engine.
     inode_hits: u64,
     inode_misses: u64,
+    /// A directory with a quota has been cached since the mount: until
+    /// then no create looks for limits above it before it takes anything
+    /// (the check on the counts it leaves still runs: see `stats`).
+    quotas_seen: bool,
 }
 
 impl State {
@@ -108,7 +112,13 @@ impl State {
             epoch: 0,
             inode_hits: 0,
             inode_misses: 0,
+            quotas_seen: false,
         }
+    }
+
+    /// See the field.
+    pub fn quotas_seen(&self) -> bool {
+        self.quotas_seen
     }
 
     /// An inode load: answered by the cache (`hit`) or not.
@@ -191,6 +201,7 @@ impl State {
     }
 
     pub fn cache_put(&mut self, ino: u64, c: Cached) {
+        self.quotas_seen |= !c.inode.quota.is_none();
         self.cache_bytes += cached_cost(&c);
         // `push` hands back the entry it replaced or the one it evicted.
         if let Some((_, old)) = self.cache.push(ino, c) {
@@ -206,6 +217,7 @@ impl State {
         };
         let before = cached_cost(c);
         f(c);
+        self.quotas_seen |= !c.inode.quota.is_none();
         let after = cached_cost(c);
         self.cache_bytes = self.cache_bytes + after - before;
         self.cache_trim();

@@ -118,12 +118,6 @@ impl Fs {
             };
             weights.push((dir, w));
         }
-        if weights
-            .iter()
-            .any(|(_, w)| w.rfiles > 0 || w.rsubdirs > 0 || w.rbytes > 0)
-        {
-            self.quotas_hold(st, work, &weights)?;
-        }
         for (ino, dir, sign) in homes {
             let i = self.w_get(st, work, ino)?;
             for _ in 0..sign.abs() {
@@ -137,50 +131,31 @@ impl Fs {
         for (dir, w) in weights {
             self.add_up(st, work, dir, w)?;
         }
-        Ok(())
+        self.quotas_hold(st, work)
     }
 
-    /// `EDQUOT` if the weights, summed over each directory above them,
-    /// take one with a quota past it. Summed first: a rename within a tree
-    /// with a limit adds nothing to it, whatever it moves.
-    fn quotas_hold(&self, st: &mut State, work: &Work, weights: &[(u64, Weight)]) -> Result<()> {
-        let mut sums: Vec<(u64, i64, i64)> = Vec::new();
-        for &(dir, w) in weights {
-            let mut at = dir;
-            for _ in 0..MAX_DEPTH {
-                let parent = match work.inodes.get(&at) {
-                    Some(i) => i.parent,
-                    None => self.load(st, at)?.inode.parent,
-                };
-                match sums.iter_mut().find(|s| s.0 == at) {
-                    Some(s) => {
-                        s.1 += w.rfiles + w.rsubdirs;
-                        s.2 += w.rbytes;
-                    }
-                    None => sums.push((at, w.rfiles + w.rsubdirs, w.rbytes)),
-                }
-                match up_from(at, parent) {
-                    Some(up) => at = up,
-                    None => break,
-                }
-            }
-        }
-        for (dir, entries, bytes) in sums {
-            if entries <= 0 && bytes <= 0 {
-                continue;
-            }
-            let i = match work.inodes.get(&dir) {
-                Some(i) => i,
-                None => &self.load(st, dir)?.inode,
-            };
-            let (q, Some(s)) = (i.quota, i.stats) else {
+    /// `EDQUOT` if the operation took a directory with a limit past it:
+    /// checked on the counts it leaves (nothing is applied yet), against
+    /// those before it, so a rename within a tree with a limit, which adds
+    /// nothing to it, is never refused, nor a change that shrinks a tree
+    /// already over a limit set below it.
+    fn quotas_hold(&self, st: &mut State, work: &Work) -> Result<()> {
+        for &dir in &work.dirty {
+            let Some(after) = work.inodes.get(&dir) else {
                 continue;
             };
-            let over = |now: u64, more: i64, max: u64| {
-                max > 0 && more > 0 && now.saturating_add(more as u64) > max
+            let (q, Some(a)) = (after.quota, after.stats) else {
+                continue;
             };
-            if over(s.rfiles + s.rsubdirs, entries, q.max_files)
-                || over(s.rbytes, bytes, q.max_bytes)
+            if q.is_none() {
+                continue;
+            }
+            let Some(b) = self.load(st, dir)?.inode.stats else {
+                continue;
+            };
+            let over = |before: u64, after: u64, max: u64| max > 0 && after > max && after > before;
+            if over(b.rfiles + b.rsubdirs, a.rfiles + a.rsubdirs, q.max_files)
+                || over(b.rbytes, a.rbytes, q.max_bytes)
             {
                 return Err(CoreError::Quota);
             }

@@ -28,7 +28,7 @@
 //! read when nothing spilled.
 
 use super::FormatError;
-use super::envelope::{Kind, Reader, open, seal};
+use super::envelope::{Kind, Reader, open, seal_with};
 use super::xattrs::XattrSet;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -149,44 +149,46 @@ impl Inode {
     }
 
     pub fn encode(&self, key: &[u8]) -> Vec<u8> {
-        let mut p = Vec::with_capacity(128 + self.inline.packed_len());
-        for v in [
-            self.mode, self.uid, self.gid, self.nlink, self.rdev, self.flags,
-        ] {
-            p.extend_from_slice(&v.to_be_bytes());
-        }
-        p.extend_from_slice(&self.size.to_be_bytes());
-        p.extend_from_slice(&self.blocks.to_be_bytes());
-        for t in [self.atime, self.mtime, self.ctime, self.crtime] {
-            p.extend_from_slice(&t.sec.to_be_bytes());
-            p.extend_from_slice(&t.nsec.to_be_bytes());
-        }
-        p.extend_from_slice(&self.generation.to_be_bytes());
-        p.extend_from_slice(&self.parent.to_be_bytes());
-        p.extend_from_slice(&self.next_cookie.to_be_bytes());
-        p.extend_from_slice(&self.spill_len.to_be_bytes());
-        p.extend_from_slice(&self.overflow.to_be_bytes());
-        self.inline.encode_into(&mut p);
-        if let Some(s) = &self.stats {
-            p.push(STATS_TAG);
-            for v in [s.files, s.rfiles, s.rsubdirs, s.rbytes] {
+        // Written straight into the sealed record: one allocation.
+        let len = 160 + self.inline.packed_len() + 8 * self.links.len();
+        seal_with(key, Kind::Inode, len, |p| {
+            for v in [
+                self.mode, self.uid, self.gid, self.nlink, self.rdev, self.flags,
+            ] {
                 p.extend_from_slice(&v.to_be_bytes());
             }
-        }
-        if !self.links.is_empty() {
-            p.push(LINKS_TAG);
-            p.extend_from_slice(&(self.links.len() as u32).to_be_bytes());
-            for v in &self.links {
-                p.extend_from_slice(&v.to_be_bytes());
+            p.extend_from_slice(&self.size.to_be_bytes());
+            p.extend_from_slice(&self.blocks.to_be_bytes());
+            for t in [self.atime, self.mtime, self.ctime, self.crtime] {
+                p.extend_from_slice(&t.sec.to_be_bytes());
+                p.extend_from_slice(&t.nsec.to_be_bytes());
             }
-        }
-        if !self.quota.is_none() {
-            p.push(QUOTA_TAG);
-            for v in [self.quota.max_bytes, self.quota.max_files] {
-                p.extend_from_slice(&v.to_be_bytes());
+            p.extend_from_slice(&self.generation.to_be_bytes());
+            p.extend_from_slice(&self.parent.to_be_bytes());
+            p.extend_from_slice(&self.next_cookie.to_be_bytes());
+            p.extend_from_slice(&self.spill_len.to_be_bytes());
+            p.extend_from_slice(&self.overflow.to_be_bytes());
+            self.inline.encode_into(p);
+            if let Some(s) = &self.stats {
+                p.push(STATS_TAG);
+                for v in [s.files, s.rfiles, s.rsubdirs, s.rbytes] {
+                    p.extend_from_slice(&v.to_be_bytes());
+                }
             }
-        }
-        seal(key, Kind::Inode, &p)
+            if !self.links.is_empty() {
+                p.push(LINKS_TAG);
+                p.extend_from_slice(&(self.links.len() as u32).to_be_bytes());
+                for v in &self.links {
+                    p.extend_from_slice(&v.to_be_bytes());
+                }
+            }
+            if !self.quota.is_none() {
+                p.push(QUOTA_TAG);
+                for v in [self.quota.max_bytes, self.quota.max_files] {
+                    p.extend_from_slice(&v.to_be_bytes());
+                }
+            }
+        })
     }
 
     pub fn decode(key: &[u8], record: &[u8]) -> Result<Self, FormatError> {
@@ -267,6 +269,7 @@ impl Inode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::envelope::seal;
     use crate::format::keys;
     use proptest::prelude::*;
 
