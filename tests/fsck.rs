@@ -260,3 +260,69 @@ fn mounted_volume_and_missing_volume_are_operational_errors() {
         "a missing volume is not a mounted one: {out}"
     );
 }
+
+#[test]
+fn statistics_are_added_to_a_volume_formatted_before_them() {
+    let (_t, vol, f) = populated();
+    // What an older build left: no feature bit, no counts, files naming
+    // no directory.
+    damage(&vol, |s| {
+        let mut sb = safs::format::superblock::Superblock::decode(
+            &s.get(keys::SUPERBLOCK).unwrap().unwrap(),
+        )
+        .unwrap();
+        sb.features &= !safs::format::superblock::FEATURE_DIR_STATS;
+        let mut w = vec![(keys::SUPERBLOCK.to_vec(), Some(sb.encode()))];
+        let (a, b) = keys::prefix_range(keys::P_INODE);
+        for (k, v) in s.scan(&a, &b, 1000).unwrap() {
+            let mut i = safs::format::inode::Inode::decode(&k, &v).unwrap();
+            i.stats = None;
+            i.links.clear();
+            if !i.is_dir() {
+                i.parent = 0;
+            }
+            w.push((k.clone(), Some(i.encode(&k))));
+        }
+        s.commit(&w).unwrap();
+    });
+    let (code, out) = fsck(&vol, false);
+    assert_eq!(code, 0, "an older volume is clean as it is: {out}");
+    let (code, out) = safs(&["fsck", vol.to_str().unwrap(), "--dir-stats"]);
+    assert_ne!(code, 0, "--dir-stats needs --repair: {out}");
+    let (code, out) = safs(&["fsck", vol.to_str().unwrap(), "--repair", "--dir-stats"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("directory statistics counted for 2 directories"),
+        "{out}"
+    );
+    let (code, out) = fsck(&vol, false);
+    assert_eq!(code, 0, "{out}");
+    let (store, sb) = volume::open_store(&vol).unwrap();
+    assert!(sb.has_dir_stats());
+    let fs = Fs::mount(&vol, store as Arc<dyn MetaStore>, sb, Options::default()).unwrap();
+    let stat = |ino: Ino, n: &str| {
+        String::from_utf8(
+            fs.getxattr(ino, format!("safs.dir.{n}").as_bytes())
+                .unwrap(),
+        )
+        .unwrap()
+    };
+    // "hard" and "sym" (5 bytes) in the root, dir/f (9 bytes) below.
+    assert_eq!(stat(Ino::ROOT, "rfiles"), "3");
+    assert_eq!(stat(Ino::ROOT, "rbytes"), "23");
+    // Kept from now on: a size change moves both names' directories.
+    let h = fs
+        .open(
+            Ino(f),
+            OpenMode {
+                write: true,
+                truncate: false,
+            },
+        )
+        .unwrap();
+    fs.write(h.fh, 9, b"more").unwrap();
+    fs.release(h.fh).unwrap();
+    assert_eq!(stat(Ino::ROOT, "rbytes"), "31");
+    fs.close().unwrap();
+    assert_eq!(fsck(&vol, false).0, 0);
+}

@@ -35,6 +35,11 @@ pub struct FsckArgs {
     /// is there, with its length).
     #[arg(long, conflicts_with = "structure_only")]
     pub data_check: bool,
+    /// On a volume formatted before directory statistics were kept: count
+    /// every directory's tree and keep the counts from now on (the
+    /// `safs.dir.*` xattrs and quotas then work there). With --repair.
+    #[arg(long, requires = "repair")]
+    pub dir_stats: bool,
 }
 
 /// Returns the e2fsck-style exit code: 0 clean, 1 repaired, 4 errors left,
@@ -60,6 +65,9 @@ pub fn run(a: FsckArgs) -> i32 {
     cmd.arg("fsck").arg(&a.volume).env(WORKER_ENV, "1");
     if a.repair {
         cmd.arg("--repair");
+    }
+    if a.dir_stats {
+        cmd.arg("--dir-stats");
     }
     if let Some(f) = &a.passphrase_file {
         cmd.arg("--passphrase-file").arg(f);
@@ -142,6 +150,7 @@ fn check(a: FsckArgs) -> i32 {
     let checks = fsck::Checks {
         repair: a.repair,
         data_check: a.data_check,
+        dir_stats: a.dir_stats,
     };
     let result = fsck::run(&a.volume, access, checks, &progress);
     bar.finish_and_clear();
@@ -155,6 +164,12 @@ fn check(a: FsckArgs) -> i32 {
                     (false, false) => "ERROR",
                 };
                 println!("{tag}: {}", f.what);
+            }
+            if let Some(n) = report.dir_stats_added {
+                println!(
+                    "directory statistics counted for {n} directories: kept from now on \
+                     (safs.dir.*, safs.quota.*)"
+                );
             }
             if report.structure_only {
                 println!(

@@ -243,7 +243,7 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         if sb.has_dir_stats() {
             "kept (getfattr -n safs.dir.rbytes DIR)"
         } else {
-            "not kept (formatted before they were)"
+            "not kept (formatted before they were; `safs fsck --repair --dir-stats` adds them)"
         }
     );
     if sb.has_object_store() {

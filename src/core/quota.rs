@@ -125,7 +125,31 @@ impl Fs {
     /// How many bytes a file may grow by: the least room any byte limit
     /// above its names leaves.
     fn room(&self, st: &mut State, inode: &Inode) -> Result<u64> {
-        let mut room = u64::MAX;
+        Ok(self
+            .byte_limits_above(st, inode, false)?
+            .into_iter()
+            .map(|(max, used)| max.saturating_sub(used))
+            .min()
+            .unwrap_or(u64::MAX))
+    }
+
+    /// Whether a byte limit lies above any of the names of `inode`.
+    pub(super) fn bytes_limited(&self, st: &mut State, inode: &Inode) -> Result<bool> {
+        if !self.sb.has_dir_stats() {
+            return Ok(false);
+        }
+        Ok(!self.byte_limits_above(st, inode, true)?.is_empty())
+    }
+
+    /// (max_bytes, rbytes) of each directory with a byte limit above the
+    /// names of `inode` (the first only, with `first`).
+    fn byte_limits_above(
+        &self,
+        st: &mut State,
+        inode: &Inode,
+        first: bool,
+    ) -> Result<Vec<(u64, u64)>> {
+        let mut limits = Vec::new();
         let homes: Vec<u64> = std::iter::once(inode.parent)
             .filter(|&p| p != 0)
             .chain(inode.links.iter().copied())
@@ -135,7 +159,10 @@ impl Fs {
             for _ in 0..MAX_DEPTH {
                 let i = &self.load(st, at)?.inode;
                 if let (true, Some(s)) = (i.quota.max_bytes > 0, i.stats) {
-                    room = room.min(i.quota.max_bytes.saturating_sub(s.rbytes));
+                    limits.push((i.quota.max_bytes, s.rbytes));
+                    if first {
+                        return Ok(limits);
+                    }
                 }
                 match super::stats::up_from(at, i.parent) {
                     Some(up) => at = up,
@@ -143,31 +170,7 @@ impl Fs {
                 }
             }
         }
-        Ok(room)
-    }
-
-    /// Whether a byte limit lies above any of the names of `inode`.
-    pub(super) fn bytes_limited(&self, st: &mut State, inode: &Inode) -> Result<bool> {
-        if !self.sb.has_dir_stats() || inode.parent == 0 {
-            return Ok(false);
-        }
-        let homes: Vec<u64> = std::iter::once(inode.parent)
-            .chain(inode.links.iter().copied())
-            .collect();
-        for home in homes {
-            let mut at = home;
-            for _ in 0..MAX_DEPTH {
-                let i = &self.load(st, at)?.inode;
-                if i.quota.max_bytes > 0 {
-                    return Ok(true);
-                }
-                match super::stats::up_from(at, i.parent) {
-                    Some(up) => at = up,
-                    None => break,
-                }
-            }
-        }
-        Ok(false)
+        Ok(limits)
     }
 
     /// The limit `name` (`safs.quota.…`) of directory `ino`, as decimal

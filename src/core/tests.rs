@@ -599,19 +599,23 @@ fn xattr_flags_and_limits() {
     ));
 }
 
+/// `ino` opened for writing (not truncated).
+fn open_for_writing(fs: &Fs, ino: Ino) -> Arc<Handle> {
+    fs.open(
+        ino,
+        OpenMode {
+            write: true,
+            truncate: false,
+        },
+    )
+    .unwrap()
+}
+
 /// File `name` in the root, opened for writing, written, unlinked while
 /// open (and synced): its inode number and handle.
 fn open_unlinked(t: &T, name: &str) -> (Ino, Arc<Handle>) {
     let ino = file(t, name);
-    let h =
-        t.fs.open(
-            ino,
-            OpenMode {
-                write: true,
-                truncate: false,
-            },
-        )
-        .unwrap();
+    let h = open_for_writing(&t.fs, ino);
     t.fs.write(h.fh, 0, b"hello").unwrap();
     t.fs.unlink(Ino::ROOT, name.as_bytes()).unwrap();
     // Still readable through the handle.
@@ -661,15 +665,7 @@ fn unlinked_open_file_is_reclaimed_at_next_mount() {
 fn size_of_file_open_for_writing_is_reconciled_at_next_mount() {
     let t = setup(320);
     let ino = file(&t, "f");
-    let h =
-        t.fs.open(
-            ino,
-            OpenMode {
-                write: true,
-                truncate: false,
-            },
-        )
-        .unwrap();
+    let h = open_for_writing(&t.fs, ino);
     t.fs.write(h.fh, 0, &[1u8; 10_000]).unwrap();
     assert_eq!(t.fs.getattr(ino).unwrap().size, 10_000);
     t.fs.sync().unwrap();
@@ -1574,15 +1570,7 @@ fn directory_statistics_follow_every_change_of_an_entry() {
     // Sizes: a write and close, a truncate, a file with two names, one
     // removed while open.
     let write = |ino: Ino, at: u64, n: usize| {
-        let h =
-            t.fs.open(
-                ino,
-                OpenMode {
-                    write: true,
-                    truncate: false,
-                },
-            )
-            .unwrap();
+        let h = open_for_writing(&t.fs, ino);
         t.fs.write(h.fh, at, &vec![7u8; n]).unwrap();
         t.fs.release(h.fh).unwrap();
     };
@@ -1602,15 +1590,7 @@ fn directory_statistics_follow_every_change_of_an_entry() {
     t.fs.setattr(&ctx, g, &cut).unwrap();
     t.fs.unlink(b, b"g").unwrap();
     stats_match_a_walk(&t.fs, Ino::ROOT);
-    let h =
-        t.fs.open(
-            g,
-            OpenMode {
-                write: true,
-                truncate: false,
-            },
-        )
-        .unwrap();
+    let h = open_for_writing(&t.fs, g);
     t.fs.unlink(a, b"g2").unwrap();
     t.fs.unlink(a, b"g3").unwrap();
     t.fs.write(h.fh, 0, &[1u8; 9000]).unwrap();
@@ -1776,15 +1756,7 @@ fn quotas_refuse_what_would_pass_them_and_nothing_else() {
         fs.setattr(&ctx, e, &grow(10_001)),
         Err(CoreError::Quota)
     ));
-    let h = fs
-        .open(
-            e,
-            OpenMode {
-                write: true,
-                truncate: false,
-            },
-        )
-        .unwrap();
+    let h = open_for_writing(fs, e);
     assert!(h.bounded, "a byte limit lies above it");
     fs.write(h.fh, 9000, &[1u8; 1000]).unwrap();
     // Short where the limit falls inside it, refused where it falls at
@@ -1800,15 +1772,7 @@ fn quotas_refuse_what_would_pass_them_and_nothing_else() {
     ));
     fs.release(h.fh).unwrap();
     assert_eq!(fs.getattr(e).unwrap().size, 10_000);
-    let outside = fs
-        .open(
-            f,
-            OpenMode {
-                write: true,
-                truncate: false,
-            },
-        )
-        .unwrap();
+    let outside = open_for_writing(fs, f);
     assert!(!outside.bounded);
     fs.write(outside.fh, 0, &[2u8; 50]).unwrap();
     fs.release(outside.fh).unwrap();

@@ -126,6 +126,9 @@ pub struct Report {
     /// An encrypted volume checked without its passphrase: its structure
     /// only, not its records, names or contents.
     pub structure_only: bool,
+    /// Directory statistics were added to a volume without them (`Checks::
+    /// dir_stats`): for this many directories.
+    pub dir_stats_added: Option<u64>,
 }
 
 impl Report {
@@ -249,6 +252,9 @@ struct Checker<'a> {
     data_check: bool,
     /// Directories carry statistics (`FEATURE_DIR_STATS`).
     dir_stats: bool,
+    /// They are being added to a volume without them: what the passes
+    /// find missing is what they add, not damage.
+    adding_dir_stats: bool,
 }
 
 const PAGE: usize = 4096;
@@ -375,6 +381,9 @@ pub struct Checks {
     /// On a volume whose contents are in an object store: read every
     /// object and check its bytes (else its presence and length only).
     pub data_check: bool,
+    /// With `repair`, on a volume without directory statistics: count them
+    /// and keep them from now on (`FEATURE_DIR_STATS`).
+    pub dir_stats: bool,
 }
 
 /// Checks (and with `repair`, repairs) the unmounted volume at `dir`,
@@ -488,7 +497,8 @@ fn check_store(
         remote: sb.has_object_store(),
         objects,
         data_check: checks.data_check,
-        dir_stats: sb.has_dir_stats(),
+        dir_stats: sb.has_dir_stats() || (repair && checks.dir_stats),
+        adding_dir_stats: !sb.has_dir_stats() && repair && checks.dir_stats,
     };
     let mount_state = c.raw.get(keys::MOUNT_STATE)?;
     c.unclean = match mount_state.map(|rec| c.open(keys::MOUNT_STATE, rec)) {
@@ -525,6 +535,15 @@ fn check_store(
     progress("sweep", 0, 1);
     c.sweep()?;
     c.dir_stats();
+    if c.adding_dir_stats {
+        // In the commit that writes the counts: a crash leaves the volume
+        // as it was (records with counts no build maintains or reads
+        // without the bit) or with both.
+        let mut upgraded = sb.clone();
+        upgraded.features |= crate::format::superblock::FEATURE_DIR_STATS;
+        c.writes
+            .push((keys::SUPERBLOCK.to_vec(), Some(upgraded.encode())));
+    }
     c.counters()?;
     if repair && c.unclean {
         let m = crate::format::superblock::MountState {

@@ -64,11 +64,16 @@ impl Checker<'_> {
                 p.rbytes += mine.rbytes;
             }
         }
+        if self.adding_dir_stats {
+            self.report.dir_stats_added = Some(order.len() as u64);
+        }
         for (_, ino) in order {
             let w = want[&ino];
             let info = self.inodes.get_mut(&ino).expect("listed");
             let Some(h) = info.inode.stats.replace(w) else {
-                self.find(format!("directory {ino}: statistics missing"), true);
+                if !self.adding_dir_stats {
+                    self.find(format!("directory {ino}: statistics missing"), true);
+                }
                 self.put_inode_of(ino);
                 continue;
             };
@@ -114,10 +119,12 @@ impl Checker<'_> {
             }
         }
         for (ino, have, seen) in wrong {
-            self.find(
-                format!("inode {ino}: named in directories {have:?}, but entries in {seen:?}"),
-                true,
-            );
+            if !self.adding_dir_stats {
+                self.find(
+                    format!("inode {ino}: named in directories {have:?}, but entries in {seen:?}"),
+                    true,
+                );
+            }
             let i = &mut self.inodes.get_mut(&ino).expect("listed").inode;
             i.parent = seen.first().copied().unwrap_or(0);
             i.links = seen.get(1..).unwrap_or_default().to_vec();
