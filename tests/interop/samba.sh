@@ -17,6 +17,9 @@
 #     same file; a 70,000-byte stream (over Linux's 64 KiB xattr limit) is
 #     refused by smbd with NT_STATUS_FILE_SYSTEM_LIMITATION, nothing lost;
 #   - an SMB extended attribute (ea support) is stored as a user.* xattr;
+#   - with a byte quota on the share's directory (safs.quota.max_bytes),
+#     smbclient's `du` shows the quota as the share's size and what it
+#     leaves as free;
 #   - all of it survives stopping smbd, unmounting safs (fsck clean) and
 #     mounting again.
 # At the end (also on failure) smbd is stopped, safs unmounted, the volume
@@ -442,6 +445,22 @@ smb "setea data.bin SafsTest hello-ea" >/dev/null
 out=$(smb "geteas data.bin")
 grep -q 'SafsTest' <<<"$out" || { echo "$out" >&2; fail "geteas does not list SafsTest"; }
 pass "an SMB extended attribute is stored as user.SafsTest and listed by geteas"
+
+# ------------------------------------------- the share's size (quota) ----
+# smbd answers a client's disk-size question with statvfs of the share,
+# which safs answers inside a directory with a byte quota from the quota:
+# the share is the quota's size, its free space what the quota leaves.
+setfattr -n safs.quota.max_bytes -v 104857600 "$S"
+out=$(smb "du")
+read -r blocks bsize avail < <(sed -n 's/^[[:space:]]*\([0-9]*\) blocks of size \([0-9]*\)\. \([0-9]*\) blocks available.*/\1 \2 \3/p' <<<"$out") \
+    || { echo "$out" >&2; fail "smbclient du printed no sizes"; }
+used=$(getfattr --absolute-names --only-values -n safs.dir.rbytes "$S")
+say "smbclient du with a 100 MiB quota: $blocks blocks of $bsize bytes, $avail available; the share holds $used bytes"
+[ "$((blocks * bsize))" = 104857600 ] || { echo "$out" >&2; fail "the share's size is not its 100 MiB quota"; }
+[ "$((avail * bsize))" -le "$((104857600 - used))" ] && [ "$((avail * bsize))" -gt "$((104857600 - used - 2 * bsize - 4096))" ] \
+    || { echo "$out" >&2; fail "the share's free space is not what its quota leaves"; }
+setfattr -x safs.quota.max_bytes "$S"
+pass "with a 100 MiB quota on the share's directory, smbclient du shows a 100 MiB share and what is left"
 
 # ------------------------------------------ persistence across remount ----
 declare -A saved
