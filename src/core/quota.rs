@@ -14,11 +14,13 @@
 //! daemon-served opens of one inode), and each write that extends it is
 //! checked first (`Fs::write_allowed`).
 
+use std::ops::ControlFlow;
+
 use super::creds::CAP_SYS_ADMIN;
 use super::error::{CoreError, Result};
 use super::state::State;
 use super::{Ctx, Fs, Ino};
-use crate::format::inode::{Inode, Quota, Timestamp};
+use crate::format::inode::{DirStats, Inode, Quota, Timestamp};
 
 /// The prefix of the limits' names.
 pub const PREFIX: &[u8] = b"safs.quota.";
@@ -48,18 +50,39 @@ impl Fs {
         if entries <= 0 && bytes <= 0 {
             return Ok(());
         }
+        let over = |now: u64, more: i64, max: u64| {
+            max > 0 && more > 0 && now.saturating_add(more as u64) > max
+        };
+        let mut passed = false;
+        self.limits_above(st, dir, |q, s| {
+            passed = over(s.rfiles + s.rsubdirs, entries, q.max_files)
+                || over(s.rbytes, bytes, q.max_bytes);
+            if passed {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })?;
+        if passed {
+            return Err(CoreError::Quota);
+        }
+        Ok(())
+    }
+
+    /// Calls `f` with the limits and counts of each directory with a quota,
+    /// from `dir` up to the root, until it says to stop.
+    fn limits_above(
+        &self,
+        st: &mut State,
+        dir: u64,
+        mut f: impl FnMut(Quota, DirStats) -> ControlFlow<()>,
+    ) -> Result<()> {
         let mut at = dir;
         for _ in 0..MAX_DEPTH {
             let i = &self.load(st, at)?.inode;
             if let (false, Some(s)) = (i.quota.is_none(), i.stats) {
-                let q = i.quota;
-                let over = |now: u64, more: i64, max: u64| {
-                    max > 0 && more > 0 && now.saturating_add(more as u64) > max
-                };
-                if over(s.rfiles + s.rsubdirs, entries, q.max_files)
-                    || over(s.rbytes, bytes, q.max_bytes)
-                {
-                    return Err(CoreError::Quota);
+                if f(i.quota, s).is_break() {
+                    return Ok(());
                 }
             }
             match super::stats::up_from(at, i.parent) {
@@ -73,13 +96,10 @@ impl Fs {
     /// [`Fs::quota_allows`] for a file growing by `bytes`: under each of
     /// the directories its names are in.
     pub(super) fn growth_allowed(&self, st: &mut State, inode: &Inode, bytes: u64) -> Result<()> {
-        if bytes == 0 || inode.parent == 0 {
+        if bytes == 0 {
             return Ok(());
         }
-        let homes: Vec<u64> = std::iter::once(inode.parent)
-            .chain(inode.links.iter().copied())
-            .collect();
-        for home in homes {
+        for home in homes(inode) {
             self.quota_allows(st, home, 0, bytes as i64)?;
         }
         Ok(())
@@ -150,24 +170,18 @@ impl Fs {
         first: bool,
     ) -> Result<Vec<(u64, u64)>> {
         let mut limits = Vec::new();
-        let homes: Vec<u64> = std::iter::once(inode.parent)
-            .filter(|&p| p != 0)
-            .chain(inode.links.iter().copied())
-            .collect();
-        for home in homes {
-            let mut at = home;
-            for _ in 0..MAX_DEPTH {
-                let i = &self.load(st, at)?.inode;
-                if let (true, Some(s)) = (i.quota.max_bytes > 0, i.stats) {
-                    limits.push((i.quota.max_bytes, s.rbytes));
+        for home in homes(inode) {
+            self.limits_above(st, home, |q, s| {
+                if q.max_bytes > 0 {
+                    limits.push((q.max_bytes, s.rbytes));
                     if first {
-                        return Ok(limits);
+                        return ControlFlow::Break(());
                     }
                 }
-                match super::stats::up_from(at, i.parent) {
-                    Some(up) => at = up,
-                    None => break,
-                }
+                ControlFlow::Continue(())
+            })?;
+            if first && !limits.is_empty() {
+                break;
             }
         }
         Ok(limits)
@@ -244,16 +258,19 @@ impl Fs {
                 return Ok(None);
             }
         }
-        for _ in 0..MAX_DEPTH {
-            let i = &self.load(st, at)?.inode;
-            if let (false, Some(s)) = (i.quota.is_none(), i.stats) {
-                return Ok(Some((i.quota, s.rbytes, s.rfiles + s.rsubdirs)));
-            }
-            match super::stats::up_from(at, i.parent) {
-                Some(up) => at = up,
-                None => return Ok(None),
-            }
-        }
-        Ok(None)
+        let mut nearest = None;
+        self.limits_above(st, at, |q, s| {
+            nearest = Some((q, s.rbytes, s.rfiles + s.rsubdirs));
+            ControlFlow::Break(())
+        })?;
+        Ok(nearest)
     }
+}
+
+/// The directories the names of `inode` (a non-directory) are in.
+fn homes(inode: &Inode) -> Vec<u64> {
+    std::iter::once(inode.parent)
+        .filter(|&p| p != 0)
+        .chain(inode.links.iter().copied())
+        .collect()
 }
