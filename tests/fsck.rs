@@ -149,6 +149,14 @@ fn wrong_or_missing_directory_statistics() {
     );
     restat(volume::ROOT_INO, None);
     assert_found_repaired_clean(&vol, "directory 1: statistics missing");
+    // A change time behind what lies below: never left so by a change.
+    damage(&vol, |s| {
+        let k = keys::inode(volume::ROOT_INO);
+        let mut i = safs::format::inode::Inode::decode(&k, &s.get(&k).unwrap().unwrap()).unwrap();
+        i.stats.as_mut().unwrap().rctime = 1;
+        s.commit(&[(k.to_vec(), Some(i.encode(&k)))]).unwrap();
+    });
+    assert_found_repaired_clean(&vol, "a walk finds 2, 3, 1 and 23; newest change 1 s, but");
     // "dir/f" and "hard": the file's record names the root and "dir".
     damage(&vol, |s| {
         let k = keys::inode(f);
@@ -271,7 +279,8 @@ fn statistics_are_added_to_a_volume_formatted_before_them() {
             &s.get(keys::SUPERBLOCK).unwrap().unwrap(),
         )
         .unwrap();
-        sb.features &= !safs::format::superblock::FEATURE_DIR_STATS;
+        sb.features &= !(safs::format::superblock::FEATURE_DIR_STATS
+            | safs::format::superblock::FEATURE_RCTIME);
         let mut w = vec![(keys::SUPERBLOCK.to_vec(), Some(sb.encode()))];
         let (a, b) = keys::prefix_range(keys::P_INODE);
         for (k, v) in s.scan(&a, &b, 1000).unwrap() {
@@ -298,7 +307,7 @@ fn statistics_are_added_to_a_volume_formatted_before_them() {
     let (code, out) = fsck(&vol, false);
     assert_eq!(code, 0, "{out}");
     let (store, sb) = volume::open_store(&vol).unwrap();
-    assert!(sb.has_dir_stats());
+    assert!(sb.has_dir_stats() && sb.keeps_rctime());
     let fs = Fs::mount(&vol, store as Arc<dyn MetaStore>, sb, Options::default()).unwrap();
     let stat = |ino: Ino, n: &str| {
         String::from_utf8(
@@ -310,6 +319,8 @@ fn statistics_are_added_to_a_volume_formatted_before_them() {
     // "hard" and "sym" (5 bytes) in the root, dir/f (9 bytes) below.
     assert_eq!(stat(Ino::ROOT, "rfiles"), "3");
     assert_eq!(stat(Ino::ROOT, "rbytes"), "23");
+    let newest = fs.getattr(Ino(f)).unwrap().ctime.sec;
+    assert!(stat(Ino::ROOT, "rctime").parse::<i64>().unwrap() >= newest);
     // Kept from now on: a size change moves both names' directories.
     let h = fs
         .open(

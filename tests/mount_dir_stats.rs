@@ -5,7 +5,7 @@
 mod common;
 
 use std::fs;
-use std::os::unix::fs::{MetadataExt, symlink};
+use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 use std::path::Path;
 
 use common::*;
@@ -115,6 +115,18 @@ fn directory_statistics_match_a_walk_after_every_kind_of_change() {
         getxattr(&top, "safs.dir.nonesuch").unwrap_err(),
         Errno::ENODATA
     );
+    // The newest change below, to the second: a chmod deep down moves
+    // every directory above it, and none beside.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let deep = top.join("a/one");
+    fs::set_permissions(&deep, fs::Permissions::from_mode(0o600)).unwrap();
+    let ctime = fs::metadata(&deep).unwrap().ctime() as u64;
+    for dir in [v.path(""), top.clone(), top.join("a")] {
+        assert_eq!(stat(&dir, "rctime"), ctime, "{}", dir.display());
+    }
+    assert!(stat(&top.join("x"), "rctime") < ctime);
+    v.remount();
+    assert_eq!(stat(&v.path(""), "rctime"), ctime);
 }
 
 #[test]

@@ -123,7 +123,7 @@ impl Fs {
                 self.put_inode(&mut st, &mut w, ino, inode);
             }
         }
-        self.commit(w)?;
+        self.commit(&mut st, w)?;
         self.register_handle(&mut st, ino, Arc::new(file), mode.write, ctx.pid, false)
             .map(Some)
     }
@@ -330,7 +330,7 @@ impl Fs {
                 self.end_partial(h.ino.0, None);
             }
         }
-        self.commit(w)?;
+        self.commit(&mut st, w)?;
         drop(st);
         drop(_lease);
         self.flush_atimes();
@@ -430,7 +430,7 @@ impl Fs {
         }
         let mut w = Vec::new();
         self.put_inode(&mut st, &mut w, h.ino.0, inode);
-        self.commit(w)?;
+        self.commit(&mut st, w)?;
         Ok(kill != 0)
     }
 

@@ -234,7 +234,9 @@ pub struct Fs {
     data: DataStore,
     budget: usize,
     opts: Options,
-    state: Mutex<State>,
+    /// Shared with the committer, which takes deferred records under it
+    /// (see `store`).
+    state: Arc<Mutex<State>>,
     handles: Mutex<HashMap<Fh, Arc<Handle>>>,
     next_fh: AtomicU64,
     /// The mount's atime rules; a remount changes them.
@@ -340,7 +342,7 @@ impl Fs {
             keyspace,
             data,
             opts,
-            state: Mutex::new(state),
+            state: Arc::new(Mutex::new(state)),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             atime: Mutex::new(atime),
@@ -352,6 +354,16 @@ impl Fs {
             cold_dirs: cold::ColdDirs::default(),
             spill_runs: cold::SpillRuns::default(),
         };
+        let state = Arc::clone(&fs.state);
+        fs.store.set_flusher(Box::new(move |take| {
+            // Briefly: the holder may be waiting for the committer, having
+            // handed the records over itself (`Fs::wait_durable`).
+            let Some(mut st) = state.try_lock_for(Duration::from_millis(1)) else {
+                return false;
+            };
+            take(st.take_deferred());
+            true
+        }));
         fs.recover()?;
         if fs.remote.is_some() && !fs.opts.read_only {
             // At every mount, not only after an unclean stop: an fsck
@@ -410,6 +422,10 @@ impl Fs {
             }
         }
         self.delete_doomed_at_unmount();
+        {
+            let mut st = self.state.lock();
+            self.store.apply_deferred(st.take_deferred());
+        }
         if !self.opts.read_only {
             // Clean only if no other daemon still serves the volume.
             match self.store.lease() {
@@ -674,11 +690,16 @@ impl Fs {
 
     /// Records the new state of `ino` in the cache and in the batch `w`;
     /// a new size moves the byte counts of the directories naming it.
-    fn put_inode(&self, st: &mut State, w: &mut Vec<Write>, ino: u64, inode: Inode) {
+    fn put_inode(&self, st: &mut State, w: &mut Vec<Write>, ino: u64, mut inode: Inode) {
         if self.sb.has_dir_stats() && !inode.is_dir() {
             if let Err(e) = self.account_size(st, w, ino, &inode) {
                 // The change itself stands; `safs fsck` finds the counts.
                 tracing::error!(ino, error = %e, "directory statistics not moved for a new size");
+            }
+        }
+        if self.sb.keeps_rctime() {
+            if let Err(e) = self.rctimes_of(st, w, ino, &mut inode) {
+                tracing::error!(ino, error = %e, "recursive change times not moved");
             }
         }
         self.put_inode_as_is(st, w, ino, inode);
@@ -688,6 +709,7 @@ impl Fs {
     fn put_inode_as_is(&self, st: &mut State, w: &mut Vec<Write>, ino: u64, inode: Inode) {
         let key = keys::inode(ino);
         w.push((key.to_vec(), Some(inode.encode(&key))));
+        st.written(ino);
         let mut slot = Some(inode);
         if !st.cache_update(ino, |c| c.inode = slot.take().expect("once")) {
             let inode = slot.take().expect("unused");
@@ -700,15 +722,23 @@ impl Fs {
     }
 
     /// Hands one operation's writes to the store (and waits on `sync` mounts).
-    fn commit(&self, w: Vec<Write>) -> Result<()> {
+    fn commit(&self, st: &mut State, w: Vec<Write>) -> Result<()> {
         if w.is_empty() {
             return Ok(());
         }
         let seq = self.store.apply(w);
         if self.opts.sync {
-            self.store.wait_durable(seq)?;
+            self.wait_durable(st, seq)?;
         }
         Ok(())
+    }
+
+    /// Waits until every operation up to `seq` is durable, holding the
+    /// state lock: hands the records deferred in the cache to the store
+    /// first, which the committer cannot take while the lock is held.
+    fn wait_durable(&self, st: &mut State, seq: u64) -> Result<()> {
+        self.store.apply_deferred(st.take_deferred());
+        self.store.wait_durable(seq)
     }
 
     /// Admits a metadata change: refused on a read-only mount, while
@@ -823,7 +853,7 @@ impl Fs {
         let unlink = self.free_inode(st, &mut w, ino)?;
         let seq = self.store.apply_then_unlink(w, unlink);
         if self.opts.sync {
-            self.store.wait_durable(seq)?;
+            self.wait_durable(st, seq)?;
         }
         Ok(())
     }
@@ -923,7 +953,7 @@ impl Fs {
         inode.atime = at;
         let mut w = Vec::new();
         self.put_inode(st, &mut w, ino, inode);
-        self.commit(w)
+        self.commit(st, w)
     }
 
     /// A listing of directory `ino` began (readdir from offset 0): its

@@ -7,8 +7,6 @@
 //! resumes from cookie `c` sees every entry that existed throughout exactly
 //! once, however the directory changed meanwhile.
 
-use std::collections::HashMap;
-
 use super::dircache::{Found, Listed};
 use super::ids::{Cookie, Ino};
 use super::tiers;
@@ -78,7 +76,7 @@ fn setid_killed(mode: u32) -> u32 {
 /// Inodes an operation touches, loaded once and written once at the end, so
 /// that aliases (same parent twice, a directory and its parent) are safe.
 pub(super) struct Work {
-    pub(super) inodes: HashMap<u64, Inode>,
+    pub(super) inodes: rustc_hash::FxHashMap<u64, Inode>,
     pub(super) dirty: Vec<u64>,
     writes: Vec<Write>,
     /// The entries changed, for the directory cache once applied.
@@ -94,9 +92,9 @@ enum EntryChange {
 }
 
 impl Work {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Work {
-            inodes: HashMap::new(),
+            inodes: Default::default(),
             dirty: Vec::new(),
             writes: Vec::new(),
             entries: Vec::new(),
@@ -124,6 +122,9 @@ impl Fs {
     fn w_finish(&self, st: &mut State, mut work: Work) -> Result<()> {
         if self.sb.has_dir_stats() {
             self.account(st, &mut work)?;
+            if self.sb.keeps_rctime() {
+                self.rctimes_of_work(st, &mut work)?;
+            }
         }
         for ino in std::mem::take(&mut work.dirty) {
             let inode = work.inodes.remove(&ino).expect("dirty inode loaded");
@@ -141,7 +142,7 @@ impl Fs {
             }
         }
         if self.opts.sync || self.opts.dirsync {
-            self.store.wait_durable(seq)?;
+            self.wait_durable(st, seq)?;
         }
         Ok(())
     }
@@ -457,7 +458,7 @@ impl Fs {
         }
         inode.ctime = set.ctime.unwrap_or(now);
         self.put_inode(&mut st, &mut w, ino, inode);
-        self.commit(w)?;
+        self.commit(&mut st, w)?;
         let attr = self.attr_locked(&mut st, ino)?;
         // A truncate of a file nobody writes: its last writer's close
         // will not upload it.
@@ -502,7 +503,7 @@ impl Fs {
         inode.ctime = Timestamp::now();
         let mut w = Vec::new();
         self.put_inode(&mut st, &mut w, ino, inode);
-        self.commit(w)?;
+        self.commit(&mut st, w)?;
         Ok(true)
     }
 

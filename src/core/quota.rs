@@ -137,7 +137,7 @@ impl Fs {
             inode.size = end;
             let mut w = Vec::new();
             self.put_inode(&mut st, &mut w, ino, inode);
-            self.commit(w)?;
+            self.commit(&mut st, w)?;
         }
         Ok(end)
     }
@@ -240,7 +240,7 @@ impl Fs {
         inode.ctime = Timestamp::now();
         let mut w = Vec::new();
         self.put_inode(&mut st, &mut w, ino, inode);
-        self.commit(w)
+        self.commit(&mut st, w)
     }
 
     /// What `statfs` reports inside directory `ino` with a limit on it or

@@ -90,6 +90,14 @@ pub(super) struct State {
     /// then no create looks for limits above it before it takes anything
     /// (the check on the counts it leaves still runs: see `stats`).
     quotas_seen: bool,
+    /// Inodes whose cached entry is newer than any record applied to the
+    /// store: directories whose statistics operations moved in place (see
+    /// `stats`), written once per batch by [`State::take_deferred`].
+    /// Invariant: each is in `cache` or `pinned`.
+    deferred: rustc_hash::FxHashSet<u64>,
+    /// Deferred entries the cache evicted: kept (and found) here until
+    /// their records are written, for the store holds older ones.
+    pinned: rustc_hash::FxHashMap<u64, Cached>,
 }
 
 impl State {
@@ -113,6 +121,8 @@ impl State {
             inode_hits: 0,
             inode_misses: 0,
             quotas_seen: false,
+            deferred: Default::default(),
+            pinned: Default::default(),
         }
     }
 
@@ -193,19 +203,27 @@ impl State {
     // ---- the inode cache --------------------------------------------------
 
     pub fn is_cached(&self, ino: u64) -> bool {
-        self.cache.contains(&ino)
+        self.cache.contains(&ino) || self.pinned.contains_key(&ino)
     }
 
     pub fn cached(&mut self, ino: u64) -> Option<&mut Cached> {
-        self.cache.get_mut(&ino)
+        match self.cache.get_mut(&ino) {
+            Some(c) => Some(c),
+            None => self.pinned.get_mut(&ino),
+        }
     }
 
     pub fn cache_put(&mut self, ino: u64, c: Cached) {
         self.quotas_seen |= !c.inode.quota.is_none();
+        if let Some(old) = self.pinned.get_mut(&ino) {
+            *old = c;
+            return;
+        }
         self.cache_bytes += cached_cost(&c);
         // `push` hands back the entry it replaced or the one it evicted.
-        if let Some((_, old)) = self.cache.push(ino, c) {
+        if let Some((k, old)) = self.cache.push(ino, c) {
             self.cache_bytes -= cached_cost(&old);
+            self.keep_if_deferred(k, ino, old);
         }
         self.cache_trim();
     }
@@ -213,7 +231,14 @@ impl State {
     /// Changes a cached entry in place; false if it is not cached.
     pub fn cache_update(&mut self, ino: u64, f: impl FnOnce(&mut Cached)) -> bool {
         let Some(c) = self.cache.get_mut(&ino) else {
-            return false;
+            return match self.pinned.get_mut(&ino) {
+                Some(c) => {
+                    f(c);
+                    self.quotas_seen |= !c.inode.quota.is_none();
+                    true
+                }
+                None => false,
+            };
         };
         let before = cached_cost(c);
         f(c);
@@ -226,6 +251,8 @@ impl State {
 
     pub fn cache_pop(&mut self, ino: u64) {
         self.epoch += 1;
+        self.deferred.remove(&ino);
+        self.pinned.remove(&ino);
         if let Some(old) = self.cache.pop(&ino) {
             self.cache_bytes -= cached_cost(&old);
         }
@@ -236,10 +263,61 @@ impl State {
     fn cache_trim(&mut self) {
         while self.cache_bytes > self.cache_budget && self.cache.len() > 1 {
             match self.cache.pop_lru() {
-                Some((_, old)) => self.cache_bytes -= cached_cost(&old),
+                Some((k, old)) => {
+                    self.cache_bytes -= cached_cost(&old);
+                    self.keep_if_deferred(k, 0, old);
+                }
                 None => break,
             }
         }
+    }
+
+    /// An entry leaving the cache (`k`, not the one `put` replaces): kept
+    /// in `pinned` while its record waits to be written.
+    fn keep_if_deferred(&mut self, k: u64, put: u64, old: Cached) {
+        if k != put && self.deferred.contains(&k) {
+            self.pinned.insert(k, old);
+        }
+    }
+
+    // ---- deferred records -------------------------------------------------
+
+    /// The cached entry of `ino` (which must be cached) was changed in
+    /// place: its record is written by the next [`State::take_deferred`].
+    pub fn defer(&mut self, ino: u64) {
+        debug_assert!(self.is_cached(ino), "deferred inode {ino} not cached");
+        self.deferred.insert(ino);
+    }
+
+    /// A record of `ino` as cached now was handed to the store.
+    pub fn written(&mut self, ino: u64) {
+        if !self.deferred.is_empty() {
+            self.deferred.remove(&ino);
+        }
+    }
+
+    /// The records of every deferred inode, as cached now; none is
+    /// deferred after.
+    pub fn take_deferred(&mut self) -> Vec<crate::meta::Write> {
+        let mut w = Vec::with_capacity(self.deferred.len());
+        for ino in std::mem::take(&mut self.deferred) {
+            let c = match self.cache.peek(&ino) {
+                Some(c) => c,
+                None => match self.pinned.get(&ino) {
+                    Some(c) => c,
+                    None => continue,
+                },
+            };
+            let key = crate::format::keys::inode(ino);
+            w.push((key.to_vec(), Some(c.inode.encode(&key))));
+        }
+        if !self.pinned.is_empty() {
+            // Their records are in the store now; a read of an older one
+            // made without the lock meanwhile must not come back in.
+            self.epoch += 1;
+            self.pinned.clear();
+        }
+        w
     }
 
     pub fn set_spill(&mut self, ino: u64, set: Spill) {
@@ -261,6 +339,11 @@ impl State {
 
     pub fn cache_clear(&mut self) {
         self.epoch += 1;
+        for &ino in &self.deferred {
+            if let Some(c) = self.cache.pop(&ino) {
+                self.pinned.insert(ino, c);
+            }
+        }
         self.cache.clear();
         self.cache_bytes = 0;
         self.dirs.clear();

@@ -61,6 +61,24 @@ struct Weight {
     rbytes: i64,
 }
 
+impl Weight {
+    fn add(&mut self, o: Weight) {
+        self.files += o.files;
+        self.rfiles += o.rfiles;
+        self.rsubdirs += o.rsubdirs;
+        self.rbytes += o.rbytes;
+    }
+
+    fn apply_to(&self, i: &mut Inode) {
+        if let Some(s) = i.stats.as_mut() {
+            s.files = moved_by(s.files, self.files);
+            s.rfiles = moved_by(s.rfiles, self.rfiles);
+            s.rsubdirs = moved_by(s.rsubdirs, self.rsubdirs);
+            s.rbytes = moved_by(s.rbytes, self.rbytes);
+        }
+    }
+}
+
 fn moved_by(v: u64, by: i64) -> u64 {
     v.saturating_add_signed(by)
 }
@@ -128,61 +146,219 @@ impl Fs {
                 }
             }
         }
+        // Every directory whose counts move, with what moves them: first
+        // all of them (nothing changes yet), then the limits, then the
+        // change, so that a refused operation leaves every count as it was.
+        let mut deltas: Vec<(u64, Weight)> = Vec::new();
         for (dir, w) in weights {
-            self.add_up(st, work, dir, w)?;
+            self.chain(st, work, dir, |at, depth| {
+                let w = if depth == 0 {
+                    w
+                } else {
+                    Weight { files: 0, ..w }
+                };
+                match deltas.iter_mut().find(|(d, _)| *d == at) {
+                    Some((_, sum)) => sum.add(w),
+                    None => deltas.push((at, w)),
+                }
+            })?;
         }
-        self.quotas_hold(st, work)
-    }
-
-    /// `EDQUOT` if the operation took a directory with a limit past it:
-    /// checked on the counts it leaves (nothing is applied yet), against
-    /// those before it, so a rename within a tree with a limit, which adds
-    /// nothing to it, is never refused, nor a change that shrinks a tree
-    /// already over a limit set below it.
-    fn quotas_hold(&self, st: &mut State, work: &Work) -> Result<()> {
-        for &dir in &work.dirty {
-            let Some(after) = work.inodes.get(&dir) else {
-                continue;
-            };
-            let (q, Some(a)) = (after.quota, after.stats) else {
-                continue;
-            };
-            if q.is_none() {
-                continue;
-            }
-            let Some(b) = self.load(st, dir)?.inode.stats else {
-                continue;
-            };
-            let over = |before: u64, after: u64, max: u64| max > 0 && after > max && after > before;
-            if over(b.rfiles + b.rsubdirs, a.rfiles + a.rsubdirs, q.max_files)
-                || over(b.rbytes, a.rbytes, q.max_bytes)
-            {
-                return Err(CoreError::Quota);
+        // Every directory with a limit met is cached by now.
+        if st.quotas_seen() {
+            self.quotas_hold(st, work, &deltas)?;
+        }
+        let deferred = self.defers_stats();
+        for (dir, w) in deltas {
+            if let Some(i) = work.inodes.get_mut(&dir) {
+                w.apply_to(i);
+            } else if deferred {
+                // Written once per batch, not once per operation: an
+                // ancestor changes in every operation below it. (Counts
+                // do not change what the entry costs the cache.)
+                if let Some(c) = st.cached(dir) {
+                    w.apply_to(&mut c.inode);
+                }
+            } else {
+                w.apply_to(self.w_get(st, work, dir)?);
             }
         }
         Ok(())
     }
 
-    /// Adds `w` to `dir` (direct and recursive counts) and to the
-    /// recursive counts of each of its ancestors.
-    fn add_up(&self, st: &mut State, work: &mut Work, dir: u64, w: Weight) -> Result<()> {
+    /// Whether moved counts of directories an operation does not otherwise
+    /// write are deferred to the batch (`state::State::defer`) rather than
+    /// written with each operation: on volumes this daemon alone writes.
+    pub(super) fn defers_stats(&self) -> bool {
+        !self.store.is_shared()
+    }
+
+    /// Calls `f` with `dir` and each of its ancestors, and its depth (0
+    /// for `dir`). Where counts are deferred, each directory not in `work`
+    /// is marked deferred as it is met, so that it stays cached whatever
+    /// is loaded after it (marked and left unchanged, it is written as it
+    /// was: harmless).
+    fn chain(
+        &self,
+        st: &mut State,
+        work: &Work,
+        dir: u64,
+        mut f: impl FnMut(u64, usize),
+    ) -> Result<()> {
+        let deferred = self.defers_stats();
+        if deferred {
+            self.store.note_deferred();
+        }
         let mut at = dir;
         for depth in 0..MAX_DEPTH {
-            let i = self.w_get(st, work, at)?;
-            if let Some(s) = i.stats.as_mut() {
-                if depth == 0 {
-                    s.files = moved_by(s.files, w.files);
+            let parent = match work.inodes.get(&at) {
+                Some(i) => i.parent,
+                None => {
+                    let p = self.load(st, at)?.inode.parent;
+                    if deferred {
+                        st.defer(at);
+                    }
+                    p
                 }
-                s.rfiles = moved_by(s.rfiles, w.rfiles);
-                s.rsubdirs = moved_by(s.rsubdirs, w.rsubdirs);
-                s.rbytes = moved_by(s.rbytes, w.rbytes);
-            }
-            match up_from(at, i.parent) {
+            };
+            f(at, depth);
+            match up_from(at, parent) {
                 Some(up) => at = up,
                 None => return Ok(()),
             }
         }
         Err(loop_at(at))
+    }
+
+    /// Raises the recursive change time of `from` and of its ancestors to
+    /// `sec` (a ctime just written below or at them), up to the first one
+    /// already there: its ancestors are too, for none is ever behind a
+    /// directory below it. Within a second, that is the first directory.
+    pub(super) fn raise_rctime(
+        &self,
+        st: &mut State,
+        work: &mut Work,
+        from: u64,
+        sec: i64,
+    ) -> Result<()> {
+        let deferred = self.defers_stats();
+        let mut at = from;
+        for _ in 0..MAX_DEPTH {
+            let (rctime, parent) = match work.inodes.get(&at) {
+                Some(i) => (i.stats.map(|s| s.rctime), i.parent),
+                None => {
+                    let i = &self.load(st, at)?.inode;
+                    (i.stats.map(|s| s.rctime), i.parent)
+                }
+            };
+            match rctime {
+                Some(r) if r < sec => {}
+                _ => return Ok(()),
+            }
+            let raise = |i: &mut Inode| {
+                if let Some(s) = i.stats.as_mut() {
+                    s.rctime = sec;
+                }
+            };
+            if let Some(i) = work.inodes.get_mut(&at) {
+                raise(i);
+            } else if deferred {
+                st.defer(at);
+                self.store.note_deferred();
+                if let Some(c) = st.cached(at) {
+                    raise(&mut c.inode);
+                }
+            } else {
+                raise(self.w_get(st, work, at)?);
+            }
+            match up_from(at, parent) {
+                Some(up) => at = up,
+                None => return Ok(()),
+            }
+        }
+        Err(loop_at(at))
+    }
+
+    /// The recursive change times for the inodes `work` changed (their
+    /// ctimes as they will be written): each directory's own, and those
+    /// of the directories naming each other inode, and up.
+    pub(super) fn rctimes_of_work(&self, st: &mut State, work: &mut Work) -> Result<()> {
+        for ino in work.dirty.clone() {
+            let i = &work.inodes[&ino];
+            let sec = i.ctime.sec;
+            if i.is_dir() {
+                self.raise_rctime(st, work, ino, sec)?;
+            } else {
+                let homes: Vec<u64> = std::iter::once(i.parent)
+                    .filter(|&p| p != 0)
+                    .chain(i.links.iter().copied())
+                    .collect();
+                for home in homes {
+                    self.raise_rctime(st, work, home, sec)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Fs::rctimes_of_work`] for one inode written alone (`inode`, not
+    /// yet in the cache): its own raised in place, the others' put in `w`
+    /// or deferred.
+    pub(super) fn rctimes_of(
+        &self,
+        st: &mut State,
+        w: &mut Vec<crate::meta::Write>,
+        ino: u64,
+        inode: &mut Inode,
+    ) -> Result<()> {
+        let sec = inode.ctime.sec;
+        let mut work = Work::new();
+        if let Some(s) = inode.stats.as_mut() {
+            s.rctime = s.rctime.max(sec);
+            if let Some(up) = up_from(ino, inode.parent) {
+                self.raise_rctime(st, &mut work, up, sec)?;
+            }
+        } else if !inode.is_dir() {
+            for &home in std::iter::once(&inode.parent).chain(&inode.links) {
+                if home != 0 {
+                    self.raise_rctime(st, &mut work, home, sec)?;
+                }
+            }
+        }
+        for at in std::mem::take(&mut work.dirty) {
+            let i = work.inodes.remove(&at).expect("dirty inode loaded");
+            self.put_inode_as_is(st, w, at, i);
+        }
+        Ok(())
+    }
+
+    /// `EDQUOT` if the operation would take a directory with a limit past
+    /// it: the counts it leaves (`deltas` added) against those before, so
+    /// a rename within a tree with a limit, which adds nothing to it, is
+    /// never refused, nor a change that shrinks a tree already over a
+    /// limit set below it.
+    fn quotas_hold(&self, st: &mut State, work: &Work, deltas: &[(u64, Weight)]) -> Result<()> {
+        for &(dir, w) in deltas {
+            let before = match work.inodes.get(&dir) {
+                Some(i) => i,
+                None => &self.load(st, dir)?.inode,
+            };
+            let (q, Some(b)) = (before.quota, before.stats) else {
+                continue;
+            };
+            if q.is_none() {
+                continue;
+            }
+            let over = |before: u64, delta: i64, max: u64| {
+                let after = moved_by(before, delta);
+                max > 0 && after > max && after > before
+            };
+            if over(b.rfiles + b.rsubdirs, w.rfiles + w.rsubdirs, q.max_files)
+                || over(b.rbytes, w.rbytes, q.max_bytes)
+            {
+                return Err(CoreError::Quota);
+            }
+        }
+        Ok(())
     }
 
     /// Before `inode` (a non-directory) is written: if its size changed,
@@ -216,18 +392,23 @@ impl Fs {
         if delta == 0 {
             return Ok(());
         }
+        let w8 = Weight {
+            rbytes: delta,
+            ..Weight::default()
+        };
+        let none = Work::new();
         for &home in std::iter::once(&inode.parent).chain(&inode.links) {
-            let mut at = home;
-            for _ in 0..MAX_DEPTH {
-                let mut d = self.inode(st, at)?;
-                if let Some(s) = d.stats.as_mut() {
-                    s.rbytes = moved_by(s.rbytes, delta);
-                }
-                let up = up_from(at, d.parent);
-                self.put_inode_as_is(st, w, at, d);
-                match up {
-                    Some(up) => at = up,
-                    None => break,
+            let mut dirs = Vec::new();
+            self.chain(st, &none, home, |at, _| dirs.push(at))?;
+            for at in dirs {
+                if self.defers_stats() {
+                    if let Some(c) = st.cached(at) {
+                        w8.apply_to(&mut c.inode);
+                    }
+                } else {
+                    let mut d = self.inode(st, at)?;
+                    w8.apply_to(&mut d);
+                    self.put_inode_as_is(st, w, at, d);
                 }
             }
         }
@@ -251,6 +432,7 @@ impl Fs {
             b"rsubdirs" => s.rsubdirs,
             b"rentries" => s.rfiles + s.rsubdirs,
             b"rbytes" => s.rbytes,
+            b"rctime" if self.sb.keeps_rctime() => s.rctime as u64,
             _ => return Err(CoreError::NoData),
         };
         Ok(v.to_string().into_bytes())

@@ -11,6 +11,13 @@
 //! - after a crash the volume is exactly the state after some batch;
 //! - `fsync`/`fsyncdir`/unmount wait for the batch holding their changes.
 //!
+//! - records an operation changed in the core's cache without writing them
+//!   (directory statistics: see `stats`) are *deferred*: the committer
+//!   takes them from the core ([`Store::set_flusher`]) into the batch it
+//!   takes, under the core's lock, so a batch never holds an operation
+//!   without them; whoever waits for the committer while holding that
+//!   lock hands them over first ([`Store::apply_deferred`]).
+//!
 //! Reads consult pending, then committing, then the engine, and always in
 //! that order (overlay before engine): a commit that finishes between the two
 //! steps only moves a value from the overlay into the engine, never out of
@@ -252,7 +259,18 @@ pub struct Store {
     lease_takes: std::sync::atomic::AtomicU64,
     lease_wait_ns: std::sync::atomic::AtomicU64,
     on_changes: std::sync::OnceLock<OnChanges>,
+    /// Operations applied since the last batch was taken left deferred
+    /// records in the core's cache (see the module comment). Set and
+    /// cleared only under the core's state lock.
+    deferred: AtomicBool,
+    /// Takes the deferred records under the core's lock and runs the
+    /// given step (taking the batch) before letting go; false if the lock
+    /// was not had in time.
+    flusher: std::sync::OnceLock<Flusher>,
 }
+
+/// See [`Store::set_flusher`].
+pub type Flusher = Box<dyn Fn(&mut dyn FnMut(Vec<Write>)) -> bool + Send + Sync>;
 
 /// How a shared volume's write lease has gone since the mount.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -318,6 +336,8 @@ impl Store {
             lease_takes: std::sync::atomic::AtomicU64::new(0),
             lease_wait_ns: std::sync::atomic::AtomicU64::new(0),
             on_changes: std::sync::OnceLock::new(),
+            deferred: AtomicBool::new(false),
+            flusher: std::sync::OnceLock::new(),
         });
         let s = Arc::clone(&store);
         let handle = std::thread::Builder::new()
@@ -589,11 +609,31 @@ impl Store {
             // Nothing to make durable: the newest sequence number covers it.
             return ov.applied_seq;
         }
-        while ov.pending_bytes > MAX_PENDING_BYTES && !ov.shutdown {
+        // Not while records are deferred: the committer cannot take them
+        // while the caller holds the core's lock, as callers of `apply` do.
+        while ov.pending_bytes > MAX_PENDING_BYTES
+            && !ov.shutdown
+            && !self.deferred.load(Ordering::SeqCst)
+        {
             ov.urgent = true;
             self.work.notify_one();
             self.done.wait_for(&mut ov, Duration::from_millis(50));
         }
+        self.insert(&mut ov, writes);
+        ov.pending_unlinks.extend(unlink);
+        ov.applied_seq += 1;
+        if ov.pending_since.is_none() {
+            ov.pending_since = Some(Instant::now());
+            self.work.notify_one();
+        } else if ov.due_by_size() {
+            self.work.notify_one();
+        }
+        ov.applied_seq
+    }
+
+    /// Puts `writes` into the pending batch, replacing older writes of
+    /// their keys.
+    fn insert(&self, ov: &mut Overlay, writes: Vec<Write>) {
         for (k, v) in writes {
             ov.pending_bytes += k.len() + v.as_ref().map_or(0, Vec::len);
             let bound = self.engine.write_bound(k.len(), v.as_ref().map(Vec::len));
@@ -604,15 +644,34 @@ impl Store {
             }
             ov.pending_need += bound;
         }
-        ov.pending_unlinks.extend(unlink);
-        ov.applied_seq += 1;
-        if ov.pending_since.is_none() {
-            ov.pending_since = Some(Instant::now());
-            self.work.notify_one();
-        } else if ov.due_by_size() {
-            self.work.notify_one();
+    }
+
+    /// Sets how the committer takes deferred records (once, before
+    /// serving): `f` runs its argument with the records, under the core's
+    /// lock, or returns false if that lock was not had in time.
+    pub fn set_flusher(&self, f: Flusher) {
+        let _ = self.flusher.set(f);
+    }
+
+    /// An operation left deferred records in the core's cache (call under
+    /// the core's lock, before applying its writes).
+    pub fn note_deferred(&self) {
+        self.deferred.store(true, Ordering::SeqCst);
+    }
+
+    /// Hands over every deferred record (call under the core's lock, with
+    /// all of them): they belong to operations applied already, so they
+    /// take no sequence number of their own.
+    pub fn apply_deferred(&self, writes: Vec<Write>) {
+        let mut ov = self.overlay.lock();
+        if !writes.is_empty() {
+            self.insert(&mut ov, writes);
+            if ov.pending_since.is_none() {
+                ov.pending_since = Some(Instant::now());
+                self.work.notify_one();
+            }
         }
-        ov.applied_seq
+        self.deferred.store(false, Ordering::SeqCst);
     }
 
     /// The most one operation's writes can need (see [`Admit`]): a dozen
@@ -934,6 +993,19 @@ impl Store {
         res
     }
 
+    /// Takes the pending batch for committing: (writes, files to delete
+    /// once durable, the sequence number it makes durable).
+    fn take(&self, ov: &mut Overlay) -> (Arc<Map>, Vec<PathBuf>, u64) {
+        let batch = Arc::new(std::mem::take(&mut ov.pending));
+        let unlinks = std::mem::take(&mut ov.pending_unlinks);
+        ov.committing = Arc::clone(&batch);
+        ov.committing_need = std::mem::take(&mut ov.pending_need);
+        ov.pending_bytes = 0;
+        ov.pending_since = None;
+        ov.urgent = false;
+        (batch, unlinks, ov.applied_seq)
+    }
+
     fn commit_loop(&self) {
         let mut ov = self.overlay.lock();
         loop {
@@ -974,15 +1046,34 @@ impl Store {
                 let wait = self.interval.max(backoff).saturating_sub(age);
                 self.work.wait_for(&mut ov, wait);
             }
-            let batch = Arc::new(std::mem::take(&mut ov.pending));
-            let unlinks = std::mem::take(&mut ov.pending_unlinks);
-            ov.committing = Arc::clone(&batch);
-            ov.committing_need = std::mem::take(&mut ov.pending_need);
-            ov.pending_bytes = 0;
-            ov.pending_since = None;
-            ov.urgent = false;
-            let seq = ov.applied_seq;
-            drop(ov);
+            let (batch, unlinks, seq) = if self.deferred.load(Ordering::SeqCst)
+                && let Some(flush) = self.flusher.get()
+            {
+                // The batch goes with the records its operations deferred,
+                // taken under the core's lock so that none is half in.
+                drop(ov);
+                let mut taken = None;
+                let had = flush(&mut |writes| {
+                    let mut ov = self.overlay.lock();
+                    self.insert(&mut ov, writes);
+                    self.deferred.store(false, Ordering::SeqCst);
+                    taken = Some(self.take(&mut ov));
+                });
+                ov = self.overlay.lock();
+                match taken {
+                    Some(t) if had => {
+                        drop(ov);
+                        t
+                    }
+                    // The core is busy: its operation ends soon, or hands
+                    // the records over itself before it waits for us.
+                    _ => continue,
+                }
+            } else {
+                let t = self.take(&mut ov);
+                drop(ov);
+                t
+            };
 
             // Borrowed: the batch stays visible to readers as `committing`
             // meanwhile, and a copy would double the memory a commit holds.

@@ -1451,7 +1451,14 @@ fn stats_match_a_walk(fs: &Fs, dir: Ino) -> (u64, u64) {
 
 /// [`stats_match_a_walk`], and the bytes below `dir`.
 fn stats_and_bytes_match_a_walk(fs: &Fs, dir: Ino) -> ((u64, u64), u64) {
+    stats_match_a_walk_in_full(fs, dir).0
+}
+
+/// [`stats_and_bytes_match_a_walk`], and the newest ctime at or below
+/// `dir`, which its `safs.dir.rctime` is never behind.
+fn stats_match_a_walk_in_full(fs: &Fs, dir: Ino) -> (((u64, u64), u64), i64) {
     let (mut files, mut subdirs, mut rfiles, mut rsubdirs, mut rbytes) = (0, 0, 0, 0, 0);
+    let mut newest = fs.getattr(dir).unwrap().ctime.sec;
     let mut after = Cookie::START;
     loop {
         let page = fs.readdir(dir, after, 100).unwrap();
@@ -1459,15 +1466,18 @@ fn stats_and_bytes_match_a_walk(fs: &Fs, dir: Ino) -> ((u64, u64), u64) {
         after = last.cookie;
         for e in page.iter().filter(|e| e.name != b"." && e.name != b"..") {
             if u32::from(e.kind) << 12 == libc::S_IFDIR {
-                let ((f, d), b) = stats_and_bytes_match_a_walk(fs, e.ino);
+                let (((f, d), b), t) = stats_match_a_walk_in_full(fs, e.ino);
                 subdirs += 1;
                 rfiles += f;
                 rsubdirs += d + 1;
                 rbytes += b;
+                newest = newest.max(t);
             } else {
                 files += 1;
                 rfiles += 1;
-                rbytes += fs.getattr(e.ino).unwrap().size;
+                let a = fs.getattr(e.ino).unwrap();
+                rbytes += a.size;
+                newest = newest.max(a.ctime.sec);
             }
         }
     }
@@ -1489,7 +1499,12 @@ fn stats_and_bytes_match_a_walk(fs: &Fs, dir: Ino) -> ((u64, u64), u64) {
     for (n, v) in want {
         assert_eq!(stat(n), v, "safs.dir.{n} of directory {dir}");
     }
-    ((rfiles, rsubdirs), rbytes)
+    let rctime = stat("rctime") as i64;
+    assert!(
+        rctime >= newest,
+        "safs.dir.rctime of directory {dir}: {rctime}, newest ctime below {newest}"
+    );
+    (((rfiles, rsubdirs), rbytes), rctime)
 }
 
 #[test]
@@ -1672,6 +1687,104 @@ fn directory_statistics_follow_every_change_of_an_entry() {
         stats_and_bytes_match_a_walk(&t.fs, Ino::ROOT),
         ((files, subdirs), bytes)
     );
+}
+
+/// Ancestors' counts are written once per batch, not per operation
+/// (`State::defer`): whatever the cache evicts or drops meanwhile, every
+/// sync leaves each directory's record equal to a walk of its tree.
+#[test]
+fn deferred_statistics_reach_the_records_at_every_sync() {
+    let mut t = setup(320);
+    let sb = t.fs.sb.clone();
+    t.fs.close().unwrap();
+    let opts = Options {
+        commit_interval: Duration::from_millis(1),
+        // About two dozen entries: ancestors are evicted while deferred.
+        cache_bytes: 8 << 10,
+        ..Options::default()
+    };
+    t.fs = Fs::mount(t._dir.path(), t.engine.clone(), sb, opts).unwrap();
+    let ctx = Ctx::root();
+    let mut chain = vec![Ino::ROOT];
+    for depth in 0..30 {
+        let at = *chain.last().unwrap();
+        let d = t.fs.make_node(
+            &ctx,
+            at,
+            format!("d{depth}").as_bytes(),
+            libc::S_IFDIR | 0o755,
+            0,
+            0,
+            None,
+        );
+        chain.push(d.unwrap().ino);
+    }
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let records_match = |t: &T, chain: &[Ino]| {
+        t.fs.sync().unwrap();
+        for &dir in chain {
+            let ((files, subdirs), bytes) = stats_and_bytes_match_a_walk(&t.fs, dir);
+            let key = keys::inode(dir.0);
+            let rec = t.engine.get(&key).unwrap().unwrap();
+            let s = Inode::decode(&key, &rec).unwrap().stats.unwrap();
+            let rctime = stats_match_a_walk_in_full(&t.fs, dir).1;
+            assert_eq!(
+                (s.rfiles, s.rsubdirs, s.rbytes, s.rctime),
+                (files, subdirs, bytes, rctime),
+                "record of directory {dir}"
+            );
+        }
+    };
+    let base = Timestamp::now().sec + 100_000;
+    let mut newest = 0;
+    for round in 1..=2_000 {
+        let d = chain[next(chain.len() as u64) as usize];
+        let name = format!("f{}", next(6));
+        let _ = match next(5) {
+            0 | 1 => {
+                t.fs.make_node(&ctx, d, name.as_bytes(), libc::S_IFREG | 0o644, 0, 0, None)
+                    .map(drop)
+            }
+            2 => t.fs.unlink(d, name.as_bytes()),
+            3 => t.fs.lookup(d, name.as_bytes()).and_then(|a| {
+                let h = open_for_writing(&t.fs, a.ino);
+                t.fs.write(h.fh, next(3000), &[5u8; 900])?;
+                t.fs.release(h.fh)?;
+                // A change time ahead of every other: each directory above
+                // must show it, and no other.
+                newest = base + round;
+                let set = SetAttr {
+                    ctime: Some(Timestamp {
+                        sec: newest,
+                        nsec: 0,
+                    }),
+                    ..SetAttr::default()
+                };
+                t.fs.setattr(&ctx, a.ino, &set).map(drop)
+            }),
+            _ => {
+                t.fs.make_node(&ctx, d, b"sub", libc::S_IFDIR | 0o755, 0, 0, None)
+                    .map(drop)
+                    .or_else(|_| t.fs.rmdir(d, b"sub"))
+            }
+        };
+        if round % 300 == 0 {
+            t.fs.drop_caches();
+        }
+        if round % 500 == 0 {
+            records_match(&t, &chain);
+        }
+    }
+    remount_with_dircache(&mut t, false);
+    records_match(&t, &chain);
+    let root = t.fs.getxattr(Ino::ROOT, b"safs.dir.rctime").unwrap();
+    assert_eq!(String::from_utf8(root).unwrap(), newest.to_string());
 }
 
 #[test]

@@ -331,7 +331,7 @@ impl Fs {
         }
         inode.ctime = Timestamp::now();
         self.put_inode(&mut st, &mut w, ino, inode);
-        self.commit(w)
+        self.commit(&mut st, w)
     }
 
     pub fn removexattr(&self, ctx: &Ctx, ino: Ino, name: &[u8]) -> Result<()> {
@@ -352,7 +352,7 @@ impl Fs {
         }
         inode.ctime = Timestamp::now();
         self.put_inode(&mut st, &mut w, ino, inode);
-        self.commit(w)
+        self.commit(&mut st, w)
     }
 
     /// All names, NUL-terminated, as `listxattr` returns them; `trusted.*`

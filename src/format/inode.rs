@@ -20,6 +20,9 @@
 //!                   after the first, one per name)
 //! quota             directories with a limit: tag u8 = 3, max_bytes u64,
 //!                   max_files u64 (0: no limit)
+//! rctime            directories, on volumes with `FEATURE_RCTIME`: tag u8
+//!                   = 4, sec i64 (the newest ctime at or below, to the
+//!                   second; absent while 0)
 //! ```
 //!
 //! One point read of `I<ino>` returns the attributes *and* the small xattrs
@@ -115,11 +118,16 @@ pub struct DirStats {
     /// Bytes of the non-directories anywhere below it (their sizes, once
     /// for each name: a symlink's is its target's length).
     pub rbytes: u64,
+    /// The newest ctime of it and of anything below it, in whole seconds
+    /// (so that within a second a change moves its directory's, not every
+    /// ancestor's); 0 where the volume does not keep it.
+    pub rctime: i64,
 }
 
 const STATS_TAG: u8 = 1;
 const LINKS_TAG: u8 = 2;
 const QUOTA_TAG: u8 = 3;
+const RCTIME_TAG: u8 = 4;
 
 pub const S_IFMT: u32 = 0o170_000;
 pub const S_IFDIR: u32 = 0o040_000;
@@ -150,7 +158,7 @@ impl Inode {
 
     pub fn encode(&self, key: &[u8]) -> Vec<u8> {
         // Written straight into the sealed record: one allocation.
-        let len = 160 + self.inline.packed_len() + 8 * self.links.len();
+        let len = 192 + self.inline.packed_len() + 8 * self.links.len();
         seal_with(key, Kind::Inode, len, |p| {
             for v in [
                 self.mode, self.uid, self.gid, self.nlink, self.rdev, self.flags,
@@ -187,6 +195,12 @@ impl Inode {
                 for v in [self.quota.max_bytes, self.quota.max_files] {
                     p.extend_from_slice(&v.to_be_bytes());
                 }
+            }
+            if let Some(s) = &self.stats
+                && s.rctime != 0
+            {
+                p.push(RCTIME_TAG);
+                p.extend_from_slice(&s.rctime.to_be_bytes());
             }
         })
     }
@@ -240,6 +254,7 @@ impl Inode {
                         rfiles: r.u64()?,
                         rsubdirs: r.u64()?,
                         rbytes: r.u64()?,
+                        rctime: 0,
                     })
                 }
                 (LINKS_TAG, false) => {
@@ -256,6 +271,15 @@ impl Inode {
                     };
                     if ino.quota.is_none() {
                         return Err(FormatError::Malformed("an empty quota"));
+                    }
+                }
+                (RCTIME_TAG, true) => {
+                    let Some(s) = ino.stats.as_mut() else {
+                        return Err(FormatError::Malformed("a change time without statistics"));
+                    };
+                    s.rctime = r.i64()?;
+                    if s.rctime == 0 {
+                        return Err(FormatError::Malformed("an empty change time"));
                     }
                 }
                 _ => return Err(FormatError::Malformed("unknown inode trailer")),
@@ -280,7 +304,7 @@ mod tests {
             let mut inline = XattrSet::new();
             for (k, v) in names { inline.insert(k, v); }
             let dir = size % 2 == 0;
-            let stats = dir.then_some(DirStats { files: size / 3, rfiles: size / 2, rsubdirs: size / 5, rbytes: size / 7 });
+            let stats = dir.then_some(DirStats { files: size / 3, rfiles: size / 2, rsubdirs: size / 5, rbytes: size / 7, rctime: sec });
             let links = if dir || size % 3 == 0 { Vec::new() } else { vec![size, 7, 7] };
             let mode = if dir { S_IFDIR | (mode & 0o7777) } else { S_IFREG | (mode & 0o7777) };
             let quota = if dir && size % 3 == 0 { Quota { max_bytes: size | 1, max_files: size / 11 } } else { Quota::default() };

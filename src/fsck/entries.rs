@@ -228,7 +228,10 @@ impl Checker<'_> {
             generation: 1,
             parent: ROOT_INO,
             next_cookie: crate::core::FIRST_COOKIE,
-            stats: self.dir_stats.then(Default::default),
+            stats: self.dir_stats.then(|| crate::format::inode::DirStats {
+                rctime: if self.rctime { now.sec } else { 0 },
+                ..Default::default()
+            }),
             ..Default::default()
         };
         let kind = inode.dtype();

@@ -255,6 +255,8 @@ struct Checker<'a> {
     /// They are being added to a volume without them: what the passes
     /// find missing is what they add, not damage.
     adding_dir_stats: bool,
+    /// Directories carry recursive change times (`FEATURE_RCTIME`).
+    rctime: bool,
 }
 
 const PAGE: usize = 4096;
@@ -381,8 +383,9 @@ pub struct Checks {
     /// On a volume whose contents are in an object store: read every
     /// object and check its bytes (else its presence and length only).
     pub data_check: bool,
-    /// With `repair`, on a volume without directory statistics: count them
-    /// and keep them from now on (`FEATURE_DIR_STATS`).
+    /// With `repair`, on a volume without directory statistics or their
+    /// change times: count them and keep them from now on
+    /// (`FEATURE_DIR_STATS`, `FEATURE_RCTIME`).
     pub dir_stats: bool,
 }
 
@@ -498,7 +501,8 @@ fn check_store(
         objects,
         data_check: checks.data_check,
         dir_stats: sb.has_dir_stats() || (repair && checks.dir_stats),
-        adding_dir_stats: !sb.has_dir_stats() && repair && checks.dir_stats,
+        adding_dir_stats: !(sb.has_dir_stats() && sb.keeps_rctime()) && repair && checks.dir_stats,
+        rctime: sb.keeps_rctime() || (repair && checks.dir_stats),
     };
     let mount_state = c.raw.get(keys::MOUNT_STATE)?;
     c.unclean = match mount_state.map(|rec| c.open(keys::MOUNT_STATE, rec)) {
@@ -540,7 +544,8 @@ fn check_store(
         // as it was (records with counts no build maintains or reads
         // without the bit) or with both.
         let mut upgraded = sb.clone();
-        upgraded.features |= crate::format::superblock::FEATURE_DIR_STATS;
+        upgraded.features |= crate::format::superblock::FEATURE_DIR_STATS
+            | crate::format::superblock::FEATURE_RCTIME;
         c.writes
             .push((keys::SUPERBLOCK.to_vec(), Some(upgraded.encode())));
     }

@@ -37,6 +37,7 @@ impl Checker<'_> {
                     rfiles: info.files,
                     rsubdirs: u64::from(info.subdirs),
                     rbytes: 0,
+                    rctime: if self.rctime { info.inode.ctime.sec } else { 0 },
                 },
             );
         }
@@ -44,6 +45,9 @@ impl Checker<'_> {
             for home in &info.homes {
                 if let Some(w) = want.get_mut(home) {
                     w.rbytes += info.inode.size;
+                    if self.rctime {
+                        w.rctime = w.rctime.max(info.inode.ctime.sec);
+                    }
                 }
             }
         }
@@ -62,14 +66,23 @@ impl Checker<'_> {
                 p.rfiles += mine.rfiles;
                 p.rsubdirs += mine.rsubdirs;
                 p.rbytes += mine.rbytes;
+                p.rctime = p.rctime.max(mine.rctime);
             }
         }
         if self.adding_dir_stats {
             self.report.dir_stats_added = Some(order.len() as u64);
         }
         for (_, ino) in order {
-            let w = want[&ino];
+            let mut w = want[&ino];
             let info = self.inodes.get_mut(&ino).expect("listed");
+            if let Some(h) = info.inode.stats
+                && h.rctime > w.rctime
+            {
+                // Newer than anything left below: what was there changed
+                // and then left (a removal moves the parent's ctime, but a
+                // clock set back does not). Never behind, but may be ahead.
+                w.rctime = h.rctime;
+            }
             let Some(h) = info.inode.stats.replace(w) else {
                 if !self.adding_dir_stats {
                     self.find(format!("directory {ino}: statistics missing"), true);
@@ -80,15 +93,18 @@ impl Checker<'_> {
             if h == w {
                 continue;
             }
-            let what = format!(
+            let mut what = format!(
                 "directory {ino}: statistics say {} files here, {} files, {} directories \
                  and {} bytes below; a walk finds {}, {}, {} and {}",
                 h.files, h.rfiles, h.rsubdirs, h.rbytes, w.files, w.rfiles, w.rsubdirs, w.rbytes
             );
+            if h.rctime != w.rctime {
+                what += &format!("; newest change {} s, but {} s below", h.rctime, w.rctime);
+            }
             // After an unclean stop the walk counts sizes the sweep took
             // from backing files, which the next mount's reconciliation
             // moves the counts by: only the bytes may lag, by design.
-            let counts = |s: DirStats| (s.files, s.rfiles, s.rsubdirs);
+            let counts = |s: DirStats| (s.files, s.rfiles, s.rsubdirs, s.rctime);
             if counts(h) == counts(w) {
                 self.leftover_or_find(what);
             } else {

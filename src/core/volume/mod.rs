@@ -40,7 +40,8 @@ pub const KNOWN_FEATURES: u64 = crate::format::superblock::FEATURE_ENCRYPTED
     | crate::format::superblock::FEATURE_PAGE_BLOCKS
     | crate::format::superblock::FEATURE_SPILL_PAGES
     | crate::format::superblock::FEATURE_OBJECT_STORE
-    | crate::format::superblock::FEATURE_DIR_STATS;
+    | crate::format::superblock::FEATURE_DIR_STATS
+    | crate::format::superblock::FEATURE_RCTIME;
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -372,6 +373,7 @@ pub fn initial_records(opts: &FormatOptions) -> (Superblock, Vec<crate::meta::Wr
         inline_bytes: opts.inline_bytes,
         features: crate::format::superblock::FEATURE_SPILL_PAGES
             | crate::format::superblock::FEATURE_DIR_STATS
+            | crate::format::superblock::FEATURE_RCTIME
             | if opts.encryption.is_some() {
                 crate::format::superblock::FEATURE_ENCRYPTED
                     | crate::format::superblock::FEATURE_PAGE_BLOCKS
@@ -398,7 +400,10 @@ pub fn initial_records(opts: &FormatOptions) -> (Superblock, Vec<crate::meta::Wr
         parent: ROOT_INO,
         next_cookie: crate::core::FIRST_COOKIE,
         inline: XattrSet::new(),
-        stats: Some(Default::default()),
+        stats: Some(crate::format::inode::DirStats {
+            rctime: now.sec,
+            ..Default::default()
+        }),
         ..Default::default()
     };
     let counters = Counters {
