@@ -280,7 +280,7 @@ fn statistics_are_added_to_a_volume_formatted_before_them() {
         )
         .unwrap();
         sb.features &= !(safs::format::superblock::FEATURE_DIR_STATS
-            | safs::format::superblock::FEATURE_RCTIME);
+            | safs::format::superblock::FEATURE_DIR_STATS_FULL);
         let mut w = vec![(keys::SUPERBLOCK.to_vec(), Some(sb.encode()))];
         let (a, b) = keys::prefix_range(keys::P_INODE);
         for (k, v) in s.scan(&a, &b, 1000).unwrap() {
@@ -307,7 +307,7 @@ fn statistics_are_added_to_a_volume_formatted_before_them() {
     let (code, out) = fsck(&vol, false);
     assert_eq!(code, 0, "{out}");
     let (store, sb) = volume::open_store(&vol).unwrap();
-    assert!(sb.has_dir_stats() && sb.keeps_rctime());
+    assert!(sb.has_dir_stats() && sb.has_full_dir_stats());
     let fs = Fs::mount(&vol, store as Arc<dyn MetaStore>, sb, Options::default()).unwrap();
     let stat = |ino: Ino, n: &str| {
         String::from_utf8(

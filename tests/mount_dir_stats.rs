@@ -11,9 +11,10 @@ use std::path::Path;
 use common::*;
 
 /// (files here, subdirectories here, files below, directories below,
-/// bytes below) by a walk, as `du --apparent-size -l` would count them.
-fn walk(dir: &Path) -> [u64; 5] {
-    let mut s = [0u64; 5];
+/// bytes below, bytes allocated to files below) by a walk, as `du
+/// --apparent-size -l` (and `du -l` without directories) would count them.
+fn walk(dir: &Path) -> [u64; 6] {
+    let mut s = [0u64; 6];
     for e in fs::read_dir(dir).unwrap() {
         let e = e.unwrap();
         let m = fs::symlink_metadata(e.path()).unwrap();
@@ -23,10 +24,12 @@ fn walk(dir: &Path) -> [u64; 5] {
             s[2] += below[2];
             s[3] += below[3] + 1;
             s[4] += below[4];
+            s[5] += below[5];
         } else {
             s[0] += 1;
             s[2] += 1;
             s[4] += m.size();
+            s[5] += m.blocks() * 512;
         }
     }
     s
@@ -42,7 +45,14 @@ fn stat(dir: &Path, name: &str) -> u64 {
 #[track_caller]
 fn assert_stats_match_walks(dir: &Path) {
     let w = walk(dir);
-    let names = ["files", "subdirs", "rfiles", "rsubdirs", "rbytes"];
+    let names = [
+        "files",
+        "subdirs",
+        "rfiles",
+        "rsubdirs",
+        "rbytes",
+        "rallocated",
+    ];
     for (n, want) in names.iter().zip(w) {
         assert_eq!(stat(dir, n), want, "safs.dir.{n} of {}", dir.display());
     }

@@ -240,10 +240,10 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     println!("inline xattrs:  {} bytes per inode", sb.inline_bytes);
     println!(
         "dir stats:      {}",
-        if sb.has_dir_stats() && sb.keeps_rctime() {
+        if sb.has_dir_stats() && sb.has_full_dir_stats() {
             "kept (getfattr -n safs.dir.rbytes DIR)"
         } else if sb.has_dir_stats() {
-            "kept, without safs.dir.rctime (`safs fsck --repair --dir-stats` adds it)"
+            "kept, without safs.dir.rctime and rallocated (`safs fsck --repair --dir-stats` adds them)"
         } else {
             "not kept (formatted before they were; `safs fsck --repair --dir-stats` adds them)"
         }

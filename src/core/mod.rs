@@ -697,7 +697,7 @@ impl Fs {
                 tracing::error!(ino, error = %e, "directory statistics not moved for a new size");
             }
         }
-        if self.sb.keeps_rctime() {
+        if self.sb.has_full_dir_stats() {
             if let Err(e) = self.rctimes_of(st, w, ino, &mut inode) {
                 tracing::error!(ino, error = %e, "recursive change times not moved");
             }

@@ -122,7 +122,7 @@ impl Fs {
     fn w_finish(&self, st: &mut State, mut work: Work) -> Result<()> {
         if self.sb.has_dir_stats() {
             self.account(st, &mut work)?;
-            if self.sb.keeps_rctime() {
+            if self.sb.has_full_dir_stats() {
                 self.rctimes_of_work(st, &mut work)?;
             }
         }

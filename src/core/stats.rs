@@ -59,6 +59,7 @@ struct Weight {
     rfiles: i64,
     rsubdirs: i64,
     rbytes: i64,
+    rblocks: i64,
 }
 
 impl Weight {
@@ -67,6 +68,7 @@ impl Weight {
         self.rfiles += o.rfiles;
         self.rsubdirs += o.rsubdirs;
         self.rbytes += o.rbytes;
+        self.rblocks += o.rblocks;
     }
 
     fn apply_to(&self, i: &mut Inode) {
@@ -75,6 +77,7 @@ impl Weight {
             s.rfiles = moved_by(s.rfiles, self.rfiles);
             s.rsubdirs = moved_by(s.rsubdirs, self.rsubdirs);
             s.rbytes = moved_by(s.rbytes, self.rbytes);
+            s.rblocks = moved_by(s.rblocks, self.rblocks);
         }
     }
 }
@@ -123,15 +126,18 @@ impl Fs {
                     rfiles: s.rfiles as i64 * sign,
                     rsubdirs: (s.rsubdirs as i64 + 1) * sign,
                     rbytes: s.rbytes as i64 * sign,
+                    rblocks: s.rblocks as i64 * sign,
                 }
             } else {
-                let size = self.w_get(st, work, ino)?.size;
+                let i = self.w_get(st, work, ino)?;
+                let (size, blocks) = (i.size, self.kept_blocks(i));
                 homes.push((ino, dir, sign));
                 Weight {
                     files: sign,
                     rfiles: sign,
                     rsubdirs: 0,
                     rbytes: size as i64 * sign,
+                    rblocks: blocks as i64 * sign,
                 }
             };
             weights.push((dir, w));
@@ -183,6 +189,16 @@ impl Fs {
             }
         }
         Ok(())
+    }
+
+    /// The blocks of non-directory `i` its directories count: none on
+    /// volumes that do not keep them (their records must not gain them).
+    fn kept_blocks(&self, i: &Inode) -> u64 {
+        if self.sb.has_full_dir_stats() {
+            i.blocks
+        } else {
+            0
+        }
     }
 
     /// Whether moved counts of directories an operation does not otherwise
@@ -375,27 +391,27 @@ impl Fs {
             return Ok(()); // no name: nothing counts it
         }
         let before = match st.cached(ino) {
-            Some(c) => c.inode.size,
+            Some(c) => (c.inode.size, self.kept_blocks(&c.inode)),
             None => {
                 let key = keys::inode(ino);
                 match self.store.get(&key)? {
                     Some(rec) => {
-                        Inode::decode(&key, &rec)
-                            .map_err(|e| CoreError::corrupt(&key, e))?
-                            .size
+                        let i =
+                            Inode::decode(&key, &rec).map_err(|e| CoreError::corrupt(&key, e))?;
+                        (i.size, self.kept_blocks(&i))
                     }
                     None => return Ok(()), // new: its entry brings its bytes
                 }
             }
         };
-        let delta = inode.size as i64 - before as i64;
-        if delta == 0 {
-            return Ok(());
-        }
         let w8 = Weight {
-            rbytes: delta,
+            rbytes: inode.size as i64 - before.0 as i64,
+            rblocks: self.kept_blocks(inode) as i64 - before.1 as i64,
             ..Weight::default()
         };
+        if w8.rbytes == 0 && w8.rblocks == 0 {
+            return Ok(());
+        }
         let none = Work::new();
         for &home in std::iter::once(&inode.parent).chain(&inode.links) {
             let mut dirs = Vec::new();
@@ -432,7 +448,8 @@ impl Fs {
             b"rsubdirs" => s.rsubdirs,
             b"rentries" => s.rfiles + s.rsubdirs,
             b"rbytes" => s.rbytes,
-            b"rctime" if self.sb.keeps_rctime() => s.rctime as u64,
+            b"rctime" if self.sb.has_full_dir_stats() => s.rctime as u64,
+            b"rallocated" if self.sb.has_full_dir_stats() => s.rblocks * 512,
             _ => return Err(CoreError::NoData),
         };
         Ok(v.to_string().into_bytes())

@@ -1458,6 +1458,7 @@ fn stats_and_bytes_match_a_walk(fs: &Fs, dir: Ino) -> ((u64, u64), u64) {
 /// `dir`, which its `safs.dir.rctime` is never behind.
 fn stats_match_a_walk_in_full(fs: &Fs, dir: Ino) -> (((u64, u64), u64), i64) {
     let (mut files, mut subdirs, mut rfiles, mut rsubdirs, mut rbytes) = (0, 0, 0, 0, 0);
+    let mut rblocks = 0;
     let mut newest = fs.getattr(dir).unwrap().ctime.sec;
     let mut after = Cookie::START;
     loop {
@@ -1467,6 +1468,9 @@ fn stats_match_a_walk_in_full(fs: &Fs, dir: Ino) -> (((u64, u64), u64), i64) {
         for e in page.iter().filter(|e| e.name != b"." && e.name != b"..") {
             if u32::from(e.kind) << 12 == libc::S_IFDIR {
                 let (((f, d), b), t) = stats_match_a_walk_in_full(fs, e.ino);
+                rblocks += fs.getxattr(e.ino, b"safs.dir.rallocated").map_or(0, |v| {
+                    String::from_utf8(v).unwrap().parse::<u64>().unwrap() / 512
+                });
                 subdirs += 1;
                 rfiles += f;
                 rsubdirs += d + 1;
@@ -1477,6 +1481,7 @@ fn stats_match_a_walk_in_full(fs: &Fs, dir: Ino) -> (((u64, u64), u64), i64) {
                 rfiles += 1;
                 let a = fs.getattr(e.ino).unwrap();
                 rbytes += a.size;
+                rblocks += a.blocks;
                 newest = newest.max(a.ctime.sec);
             }
         }
@@ -1495,6 +1500,7 @@ fn stats_match_a_walk_in_full(fs: &Fs, dir: Ino) -> (((u64, u64), u64), i64) {
         ("rsubdirs", rsubdirs),
         ("rentries", rfiles + rsubdirs),
         ("rbytes", rbytes),
+        ("rallocated", rblocks * 512),
     ];
     for (n, v) in want {
         assert_eq!(stat(n), v, "safs.dir.{n} of directory {dir}");

@@ -20,9 +20,10 @@
 //!                   after the first, one per name)
 //! quota             directories with a limit: tag u8 = 3, max_bytes u64,
 //!                   max_files u64 (0: no limit)
-//! rctime            directories, on volumes with `FEATURE_RCTIME`: tag u8
-//!                   = 4, sec i64 (the newest ctime at or below, to the
-//!                   second; absent while 0)
+//! more stats        directories, on volumes with `FEATURE_DIR_STATS_FULL`:
+//!                   tag u8 = 4, rctime i64 (the newest ctime at or below,
+//!                   in seconds), rblocks u64 (512-byte blocks allocated
+//!                   to the non-directories below); absent while both 0
 //! ```
 //!
 //! One point read of `I<ino>` returns the attributes *and* the small xattrs
@@ -122,12 +123,15 @@ pub struct DirStats {
     /// (so that within a second a change moves its directory's, not every
     /// ancestor's); 0 where the volume does not keep it.
     pub rctime: i64,
+    /// 512-byte blocks allocated to the non-directories anywhere below it
+    /// (their `st_blocks`, once for each name); 0 where not kept.
+    pub rblocks: u64,
 }
 
 const STATS_TAG: u8 = 1;
 const LINKS_TAG: u8 = 2;
 const QUOTA_TAG: u8 = 3;
-const RCTIME_TAG: u8 = 4;
+const MORE_TAG: u8 = 4;
 
 pub const S_IFMT: u32 = 0o170_000;
 pub const S_IFDIR: u32 = 0o040_000;
@@ -197,10 +201,11 @@ impl Inode {
                 }
             }
             if let Some(s) = &self.stats
-                && s.rctime != 0
+                && (s.rctime != 0 || s.rblocks != 0)
             {
-                p.push(RCTIME_TAG);
+                p.push(MORE_TAG);
                 p.extend_from_slice(&s.rctime.to_be_bytes());
+                p.extend_from_slice(&s.rblocks.to_be_bytes());
             }
         })
     }
@@ -255,6 +260,7 @@ impl Inode {
                         rsubdirs: r.u64()?,
                         rbytes: r.u64()?,
                         rctime: 0,
+                        rblocks: 0,
                     })
                 }
                 (LINKS_TAG, false) => {
@@ -273,13 +279,14 @@ impl Inode {
                         return Err(FormatError::Malformed("an empty quota"));
                     }
                 }
-                (RCTIME_TAG, true) => {
+                (MORE_TAG, true) => {
                     let Some(s) = ino.stats.as_mut() else {
-                        return Err(FormatError::Malformed("a change time without statistics"));
+                        return Err(FormatError::Malformed("more statistics without statistics"));
                     };
                     s.rctime = r.i64()?;
-                    if s.rctime == 0 {
-                        return Err(FormatError::Malformed("an empty change time"));
+                    s.rblocks = r.u64()?;
+                    if s.rctime == 0 && s.rblocks == 0 {
+                        return Err(FormatError::Malformed("empty further statistics"));
                     }
                 }
                 _ => return Err(FormatError::Malformed("unknown inode trailer")),
@@ -304,7 +311,7 @@ mod tests {
             let mut inline = XattrSet::new();
             for (k, v) in names { inline.insert(k, v); }
             let dir = size % 2 == 0;
-            let stats = dir.then_some(DirStats { files: size / 3, rfiles: size / 2, rsubdirs: size / 5, rbytes: size / 7, rctime: sec });
+            let stats = dir.then_some(DirStats { files: size / 3, rfiles: size / 2, rsubdirs: size / 5, rbytes: size / 7, rctime: sec, rblocks: size / 13 });
             let links = if dir || size % 3 == 0 { Vec::new() } else { vec![size, 7, 7] };
             let mode = if dir { S_IFDIR | (mode & 0o7777) } else { S_IFREG | (mode & 0o7777) };
             let quota = if dir && size % 3 == 0 { Quota { max_bytes: size | 1, max_files: size / 11 } } else { Quota::default() };

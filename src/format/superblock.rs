@@ -36,10 +36,11 @@ pub const FEATURE_OBJECT_STORE: u64 = 8;
 /// by every change of an entry: a build that does not know would change
 /// entries without them, and read the records' trailer as damage.
 pub const FEATURE_DIR_STATS: u64 = 16;
-/// Directory inodes carry the newest change time below them
-/// (`DirStats::rctime`), moved by every change of a ctime: a build that
-/// does not know would leave it behind, and read its section as damage.
-pub const FEATURE_RCTIME: u64 = 32;
+/// Directory statistics also carry the newest change time and the blocks
+/// allocated below (`DirStats::rctime`, `rblocks`), moved by every change
+/// of a ctime or of a file's blocks: a build that does not know would
+/// leave them behind, and read their section as damage.
+pub const FEATURE_DIR_STATS_FULL: u64 = 32;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
@@ -67,8 +68,8 @@ impl Superblock {
         self.features & FEATURE_DIR_STATS != 0
     }
 
-    pub fn keeps_rctime(&self) -> bool {
-        self.features & FEATURE_RCTIME != 0
+    pub fn has_full_dir_stats(&self) -> bool {
+        self.features & FEATURE_DIR_STATS_FULL != 0
     }
 
     pub fn has_page_blocks(&self) -> bool {

@@ -255,7 +255,7 @@ struct Checker<'a> {
     /// They are being added to a volume without them: what the passes
     /// find missing is what they add, not damage.
     adding_dir_stats: bool,
-    /// Directories carry recursive change times (`FEATURE_RCTIME`).
+    /// Directories carry recursive change times (`FEATURE_DIR_STATS_FULL`).
     rctime: bool,
 }
 
@@ -385,7 +385,7 @@ pub struct Checks {
     pub data_check: bool,
     /// With `repair`, on a volume without directory statistics or their
     /// change times: count them and keep them from now on
-    /// (`FEATURE_DIR_STATS`, `FEATURE_RCTIME`).
+    /// (`FEATURE_DIR_STATS`, `FEATURE_DIR_STATS_FULL`).
     pub dir_stats: bool,
 }
 
@@ -501,8 +501,10 @@ fn check_store(
         objects,
         data_check: checks.data_check,
         dir_stats: sb.has_dir_stats() || (repair && checks.dir_stats),
-        adding_dir_stats: !(sb.has_dir_stats() && sb.keeps_rctime()) && repair && checks.dir_stats,
-        rctime: sb.keeps_rctime() || (repair && checks.dir_stats),
+        adding_dir_stats: !(sb.has_dir_stats() && sb.has_full_dir_stats())
+            && repair
+            && checks.dir_stats,
+        rctime: sb.has_full_dir_stats() || (repair && checks.dir_stats),
     };
     let mount_state = c.raw.get(keys::MOUNT_STATE)?;
     c.unclean = match mount_state.map(|rec| c.open(keys::MOUNT_STATE, rec)) {
@@ -545,7 +547,7 @@ fn check_store(
         // without the bit) or with both.
         let mut upgraded = sb.clone();
         upgraded.features |= crate::format::superblock::FEATURE_DIR_STATS
-            | crate::format::superblock::FEATURE_RCTIME;
+            | crate::format::superblock::FEATURE_DIR_STATS_FULL;
         c.writes
             .push((keys::SUPERBLOCK.to_vec(), Some(upgraded.encode())));
     }

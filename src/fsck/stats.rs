@@ -38,6 +38,7 @@ impl Checker<'_> {
                     rsubdirs: u64::from(info.subdirs),
                     rbytes: 0,
                     rctime: if self.rctime { info.inode.ctime.sec } else { 0 },
+                    rblocks: 0,
                 },
             );
         }
@@ -47,6 +48,7 @@ impl Checker<'_> {
                     w.rbytes += info.inode.size;
                     if self.rctime {
                         w.rctime = w.rctime.max(info.inode.ctime.sec);
+                        w.rblocks += info.inode.blocks;
                     }
                 }
             }
@@ -67,6 +69,7 @@ impl Checker<'_> {
                 p.rsubdirs += mine.rsubdirs;
                 p.rbytes += mine.rbytes;
                 p.rctime = p.rctime.max(mine.rctime);
+                p.rblocks += mine.rblocks;
             }
         }
         if self.adding_dir_stats {
@@ -101,9 +104,15 @@ impl Checker<'_> {
             if h.rctime != w.rctime {
                 what += &format!("; newest change {} s, but {} s below", h.rctime, w.rctime);
             }
+            if h.rblocks != w.rblocks {
+                what += &format!(
+                    "; {} blocks allocated below, but the files hold {}",
+                    h.rblocks, w.rblocks
+                );
+            }
             // After an unclean stop the walk counts sizes the sweep took
             // from backing files, which the next mount's reconciliation
-            // moves the counts by: only the bytes may lag, by design.
+            // moves the counts by: only bytes and blocks may lag, by design.
             let counts = |s: DirStats| (s.files, s.rfiles, s.rsubdirs, s.rctime);
             if counts(h) == counts(w) {
                 self.leftover_or_find(what);

@@ -41,7 +41,7 @@ pub const KNOWN_FEATURES: u64 = crate::format::superblock::FEATURE_ENCRYPTED
     | crate::format::superblock::FEATURE_SPILL_PAGES
     | crate::format::superblock::FEATURE_OBJECT_STORE
     | crate::format::superblock::FEATURE_DIR_STATS
-    | crate::format::superblock::FEATURE_RCTIME;
+    | crate::format::superblock::FEATURE_DIR_STATS_FULL;
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -373,7 +373,7 @@ pub fn initial_records(opts: &FormatOptions) -> (Superblock, Vec<crate::meta::Wr
         inline_bytes: opts.inline_bytes,
         features: crate::format::superblock::FEATURE_SPILL_PAGES
             | crate::format::superblock::FEATURE_DIR_STATS
-            | crate::format::superblock::FEATURE_RCTIME
+            | crate::format::superblock::FEATURE_DIR_STATS_FULL
             | if opts.encryption.is_some() {
                 crate::format::superblock::FEATURE_ENCRYPTED
                     | crate::format::superblock::FEATURE_PAGE_BLOCKS
