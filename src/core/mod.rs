@@ -727,10 +727,19 @@ impl Fs {
             return Ok(());
         }
         let seq = self.store.apply(w);
+        self.hand_over_deferred(st);
         if self.opts.sync {
             self.wait_durable(st, seq)?;
         }
         Ok(())
+    }
+
+    /// At the end of an operation: the records deferred in the cache, if
+    /// the committer waits for them to take a batch (see `store`).
+    fn hand_over_deferred(&self, st: &mut State) {
+        if self.store.flush_wanted() {
+            self.store.apply_deferred(st.take_deferred());
+        }
     }
 
     /// Waits until every operation up to `seq` is durable, holding the

@@ -133,6 +133,7 @@ impl Fs {
         }
         // Only directory changes finish here: `dirsync` makes them durable.
         let seq = self.store.apply(work.writes);
+        self.hand_over_deferred(st);
         // The store shows the change from now on; so does the cache.
         let dirs = st.dirs();
         for c in work.entries {

@@ -12,11 +12,13 @@
 //! - `fsync`/`fsyncdir`/unmount wait for the batch holding their changes.
 //!
 //! - records an operation changed in the core's cache without writing them
-//!   (directory statistics: see `stats`) are *deferred*: the committer
-//!   takes them from the core ([`Store::set_flusher`]) into the batch it
-//!   takes, under the core's lock, so a batch never holds an operation
-//!   without them; whoever waits for the committer while holding that
-//!   lock hands them over first ([`Store::apply_deferred`]).
+//!   (directory statistics: see `stats`) are *deferred*, and a batch is
+//!   never taken without the deferred records of the operations in it: the
+//!   committer asks for them ([`Store::flush_wanted`]) and the operation
+//!   running then hands them over as it ends ([`Store::apply_deferred`]);
+//!   if none runs, the committer takes them itself under the core's lock
+//!   ([`Store::set_flusher`]). Whoever waits for the committer while
+//!   holding that lock hands them over first.
 //!
 //! Reads consult pending, then committing, then the engine, and always in
 //! that order (overlay before engine): a commit that finishes between the two
@@ -81,6 +83,9 @@ const EAGER_BYTES: usize = 8 << 20;
 /// 64 KiB xattrs at full speed does not grow the daemon (256 MiB here let
 /// it reach 1.5 GiB in bench T1).
 const MAX_PENDING_BYTES: usize = 4 * EAGER_BYTES;
+/// How long the committer waits for the operation under way to hand over
+/// deferred records before it takes them under the core's lock itself.
+const FLUSH_WAIT: Duration = Duration::from_millis(1);
 /// Removals may use the space of this many operations that changes may not.
 pub const REMOVAL_OPS: u64 = 2;
 /// The longest an admission waits for batches under way to free its way.
@@ -177,6 +182,9 @@ struct Overlay {
     /// Operations (sequence numbers, inclusive) dropped with a batch whose
     /// write lease was lost: waiting for them fails.
     lost: Option<(u64, u64)>,
+    /// An operation in `pending` deferred records not yet handed over:
+    /// the batch may not be taken without them.
+    unflushed: bool,
 }
 
 impl Overlay {
@@ -259,10 +267,13 @@ pub struct Store {
     lease_takes: std::sync::atomic::AtomicU64,
     lease_wait_ns: std::sync::atomic::AtomicU64,
     on_changes: std::sync::OnceLock<OnChanges>,
-    /// Operations applied since the last batch was taken left deferred
-    /// records in the core's cache (see the module comment). Set and
-    /// cleared only under the core's state lock.
+    /// The operation under way deferred records (see the module comment):
+    /// its `apply` moves this into `Overlay::unflushed`. Set and cleared
+    /// only under the core's state lock.
     deferred: AtomicBool,
+    /// The committer waits for deferred records: operations hand them
+    /// over as they end.
+    flush_wanted: AtomicBool,
     /// Takes the deferred records under the core's lock and runs the
     /// given step (taking the batch) before letting go; false if the lock
     /// was not had in time.
@@ -324,6 +335,7 @@ impl Store {
                 promised: 0,
                 held,
                 lost: None,
+                unflushed: false,
             }),
             work: Condvar::new(),
             done: Condvar::new(),
@@ -337,6 +349,7 @@ impl Store {
             lease_wait_ns: std::sync::atomic::AtomicU64::new(0),
             on_changes: std::sync::OnceLock::new(),
             deferred: AtomicBool::new(false),
+            flush_wanted: AtomicBool::new(false),
             flusher: std::sync::OnceLock::new(),
         });
         let s = Arc::clone(&store);
@@ -599,6 +612,9 @@ impl Store {
             debug_assert!(false, "a change applied without the write lease");
         }
         let mut ov = self.overlay.lock();
+        if self.deferred.swap(false, Ordering::SeqCst) {
+            ov.unflushed = true;
+        }
         if writes.is_empty() {
             if let Some(path) = unlink {
                 // No writes of its own: it waits for what is applied
@@ -611,10 +627,7 @@ impl Store {
         }
         // Not while records are deferred: the committer cannot take them
         // while the caller holds the core's lock, as callers of `apply` do.
-        while ov.pending_bytes > MAX_PENDING_BYTES
-            && !ov.shutdown
-            && !self.deferred.load(Ordering::SeqCst)
-        {
+        while ov.pending_bytes > MAX_PENDING_BYTES && !ov.shutdown && !ov.unflushed {
             ov.urgent = true;
             self.work.notify_one();
             self.done.wait_for(&mut ov, Duration::from_millis(50));
@@ -666,12 +679,18 @@ impl Store {
         let mut ov = self.overlay.lock();
         if !writes.is_empty() {
             self.insert(&mut ov, writes);
-            if ov.pending_since.is_none() {
-                ov.pending_since = Some(Instant::now());
-                self.work.notify_one();
-            }
+            ov.pending_since.get_or_insert_with(Instant::now);
         }
         self.deferred.store(false, Ordering::SeqCst);
+        if std::mem::take(&mut ov.unflushed) || self.flush_wanted.load(Ordering::Relaxed) {
+            self.work.notify_one();
+        }
+    }
+
+    /// The committer waits for deferred records: an operation ending now
+    /// hands them over ([`Store::apply_deferred`]).
+    pub fn flush_wanted(&self) -> bool {
+        self.flush_wanted.load(Ordering::Relaxed)
     }
 
     /// The most one operation's writes can need (see [`Admit`]): a dozen
@@ -1008,6 +1027,7 @@ impl Store {
 
     fn commit_loop(&self) {
         let mut ov = self.overlay.lock();
+        let mut ready = None;
         loop {
             // Wait for a batch that is due.
             loop {
@@ -1046,34 +1066,40 @@ impl Store {
                 let wait = self.interval.max(backoff).saturating_sub(age);
                 self.work.wait_for(&mut ov, wait);
             }
-            let (batch, unlinks, seq) = if self.deferred.load(Ordering::SeqCst)
+            if ov.unflushed
                 && let Some(flush) = self.flusher.get()
             {
-                // The batch goes with the records its operations deferred,
-                // taken under the core's lock so that none is half in.
-                drop(ov);
-                let mut taken = None;
-                let had = flush(&mut |writes| {
-                    let mut ov = self.overlay.lock();
-                    self.insert(&mut ov, writes);
-                    self.deferred.store(false, Ordering::SeqCst);
-                    taken = Some(self.take(&mut ov));
-                });
-                ov = self.overlay.lock();
-                match taken {
-                    Some(t) if had => {
-                        drop(ov);
-                        t
+                // The batch goes with the records its operations deferred:
+                // the operation under way hands them over as it ends.
+                self.flush_wanted.store(true, Ordering::Relaxed);
+                self.work.wait_for(&mut ov, FLUSH_WAIT);
+                if ov.unflushed {
+                    // None ended meanwhile: take them under the core's
+                    // lock, so that none is half in.
+                    drop(ov);
+                    let mut taken = None;
+                    let had = flush(&mut |writes| {
+                        let mut ov = self.overlay.lock();
+                        self.insert(&mut ov, writes);
+                        ov.unflushed = false;
+                        self.deferred.store(false, Ordering::SeqCst);
+                        taken = Some(self.take(&mut ov));
+                    });
+                    ov = self.overlay.lock();
+                    match taken {
+                        Some(t) if had => ready = Some(t),
+                        // Busy: its holder hands them over as it ends, or
+                        // before it waits for us.
+                        _ => continue,
                     }
-                    // The core is busy: its operation ends soon, or hands
-                    // the records over itself before it waits for us.
-                    _ => continue,
                 }
-            } else {
-                let t = self.take(&mut ov);
-                drop(ov);
-                t
+            }
+            let (batch, unlinks, seq) = match ready.take() {
+                Some(t) => t,
+                None => self.take(&mut ov),
             };
+            self.flush_wanted.store(false, Ordering::Relaxed);
+            drop(ov);
 
             // Borrowed: the batch stays visible to readers as `committing`
             // meanwhile, and a copy would double the memory a commit holds.
