@@ -355,12 +355,17 @@ impl Fs {
             spill_runs: cold::SpillRuns::default(),
         };
         let state = Arc::clone(&fs.state);
+        let store = Arc::downgrade(&fs.store);
         fs.store.set_flusher(Box::new(move |take| {
             // Briefly: the holder may be waiting for the committer, having
             // handed the records over itself (`Fs::wait_durable`).
             let Some(mut st) = state.try_lock_for(Duration::from_millis(1)) else {
                 return false;
             };
+            let Some(store) = store.upgrade() else {
+                return false;
+            };
+            stats::pay_owed(&store, &mut st, &mut namespace::Work::new());
             take(st.take_deferred());
             true
         }));
@@ -422,10 +427,7 @@ impl Fs {
             }
         }
         self.delete_doomed_at_unmount();
-        {
-            let mut st = self.state.lock();
-            self.store.apply_deferred(st.take_deferred());
-        }
+        self.hand_over_all(&mut self.state.lock());
         if !self.opts.read_only {
             // Clean only if no other daemon still serves the volume.
             match self.store.lease() {
@@ -666,17 +668,7 @@ impl Fs {
     // ---- helpers shared by the operation modules -------------------------
 
     fn load_opt<'s>(&self, st: &'s mut State, ino: u64) -> Result<Option<&'s mut Cached>> {
-        let hit = st.is_cached(ino);
-        st.note_inode_load(hit);
-        if !hit {
-            let key = keys::inode(ino);
-            let Some(rec) = self.store.get(&key)? else {
-                return Ok(None);
-            };
-            let inode = Inode::decode(&key, &rec).map_err(|e| CoreError::corrupt(&key, e))?;
-            st.cache_put(ino, Cached { inode, spill: None });
-        }
-        Ok(st.cached(ino))
+        load_in(&self.store, st, ino)
     }
 
     /// A copy of inode `ino`, or `NotFound`.
@@ -738,7 +730,7 @@ impl Fs {
     /// the committer waits for them to take a batch (see `store`).
     fn hand_over_deferred(&self, st: &mut State) {
         if self.store.flush_wanted() {
-            self.store.apply_deferred(st.take_deferred());
+            self.hand_over_all(st);
         }
     }
 
@@ -746,8 +738,15 @@ impl Fs {
     /// state lock: hands the records deferred in the cache to the store
     /// first, which the committer cannot take while the lock is held.
     fn wait_durable(&self, st: &mut State, seq: u64) -> Result<()> {
-        self.store.apply_deferred(st.take_deferred());
+        self.hand_over_all(st);
         self.store.wait_durable(seq)
+    }
+
+    /// Every record deferred in the cache, with what ancestors are owed
+    /// (see `stats`), handed to the store; only between operations.
+    fn hand_over_all(&self, st: &mut State) {
+        stats::pay_owed(&self.store, st, &mut namespace::Work::new());
+        self.store.apply_deferred(st.take_deferred());
     }
 
     /// Admits a metadata change: refused on a read-only mount, while
@@ -1036,6 +1035,22 @@ fn hold_target(root: &Path) -> u64 {
 fn dir_size(next_cookie: u64) -> u64 {
     let entries = next_cookie.saturating_sub(FIRST_COOKIE);
     4096 * (1 + entries / 128)
+}
+
+/// Inode `ino` from the cache, else from `store` (and then cached);
+/// `None` if there is none.
+fn load_in<'s>(store: &Store, st: &'s mut State, ino: u64) -> Result<Option<&'s mut Cached>> {
+    let hit = st.is_cached(ino);
+    st.note_inode_load(hit);
+    if !hit {
+        let key = keys::inode(ino);
+        let Some(rec) = store.get(&key)? else {
+            return Ok(None);
+        };
+        let inode = Inode::decode(&key, &rec).map_err(|e| CoreError::corrupt(&key, e))?;
+        st.cache_put(ino, Cached { inode, spill: None });
+    }
+    Ok(st.cached(ino))
 }
 
 /// Size (`size`: the backing file's, converted on encrypted volumes),

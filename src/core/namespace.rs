@@ -594,6 +594,9 @@ impl Fs {
         }
         // Before anything is taken (an inode number, a backing file).
         if st.quotas_seen() {
+            // What ancestors are owed, with this operation's copy of the
+            // parent taking its share, before the limits are read.
+            super::stats::pay_owed(&self.store, &mut st, &mut work);
             let bytes = target.map_or(0, |t| t.len() as i64);
             self.quota_allows(&mut st, parent, 1, bytes)?;
         }

@@ -77,6 +77,9 @@ impl Fs {
         dir: u64,
         mut f: impl FnMut(Quota, DirStats) -> ControlFlow<()>,
     ) -> Result<()> {
+        // Callers hold no copies of directories an operation will write
+        // (`make_node` pays with its own first).
+        super::stats::pay_owed(&self.store, st, &mut super::namespace::Work::new());
         let mut at = dir;
         for _ in 0..MAX_DEPTH {
             let i = &self.load(st, at)?.inode;

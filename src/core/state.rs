@@ -98,6 +98,10 @@ pub(super) struct State {
     /// Deferred entries the cache evicted: kept (and found) here until
     /// their records are written, for the store holds older ones.
     pinned: rustc_hash::FxHashMap<u64, Cached>,
+    /// What each directory's ancestors have yet to add to their recursive
+    /// counts (see `stats`): paid before the batch is taken and before
+    /// anyone reads them.
+    owed: rustc_hash::FxHashMap<u64, super::stats::Weight>,
 }
 
 impl State {
@@ -123,6 +127,7 @@ impl State {
             quotas_seen: false,
             deferred: Default::default(),
             pinned: Default::default(),
+            owed: Default::default(),
         }
     }
 
@@ -281,6 +286,28 @@ impl State {
     }
 
     // ---- deferred records -------------------------------------------------
+
+    /// `dir`'s ancestors owe `w` more to their recursive counts.
+    pub fn owe(&mut self, dir: u64, w: super::stats::Weight) {
+        self.owed.entry(dir).or_default().add(w);
+    }
+
+    pub fn has_owed(&self) -> bool {
+        !self.owed.is_empty()
+    }
+
+    /// Everything owed, by directory; none after.
+    pub fn take_owed(&mut self) -> Vec<(u64, super::stats::Weight)> {
+        self.owed.drain().collect()
+    }
+
+    /// What `dir`'s ancestors owe for it, if anything; none after.
+    pub fn take_owed_of(&mut self, dir: u64) -> Option<super::stats::Weight> {
+        if self.owed.is_empty() {
+            return None;
+        }
+        self.owed.remove(&dir)
+    }
 
     /// The cached entry of `ino` (which must be cached) was changed in
     /// place: its record is written by the next [`State::take_deferred`].

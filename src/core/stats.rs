@@ -14,6 +14,7 @@
 use super::error::{CoreError, Result};
 use super::namespace::Work;
 use super::state::State;
+use super::store::Store;
 use super::{Fs, keys};
 use crate::format::dirent::Dirent;
 use crate::format::inode::{Inode, S_IFDIR};
@@ -54,7 +55,7 @@ impl Moved {
 
 /// What an entry brings to the directories above it.
 #[derive(Clone, Copy, Default)]
-struct Weight {
+pub(super) struct Weight {
     files: i64,
     rfiles: i64,
     rsubdirs: i64,
@@ -63,7 +64,7 @@ struct Weight {
 }
 
 impl Weight {
-    fn add(&mut self, o: Weight) {
+    pub(super) fn add(&mut self, o: Weight) {
         self.files += o.files;
         self.rfiles += o.rfiles;
         self.rsubdirs += o.rsubdirs;
@@ -92,6 +93,13 @@ impl Fs {
     /// written with it; and keeps each non-directory's list of the
     /// directories naming it, whose counts its size changes move.
     pub(super) fn account(&self, st: &mut State, work: &mut Work) -> Result<()> {
+        // Without limits to check, each ancestor's share waits in `owed`
+        // until the batch is taken; with them, every count must be exact
+        // before the check, and is kept so.
+        let lazy = self.defers_stats() && !st.quotas_seen();
+        if !lazy {
+            pay_owed(&self.store, st, work);
+        }
         let moved = std::mem::take(&mut work.moved);
         // A rename within a directory removes and adds the same entry: its
         // two halves cancel, and nothing above moves.
@@ -111,6 +119,14 @@ impl Fs {
         for (dir, ino, is_dir, sign) in net {
             if sign == 0 {
                 continue;
+            }
+            if is_dir
+                && sign < 0
+                && let Some(owed) = st.take_owed_of(ino)
+            {
+                // Paid to the ancestors it had, before it leaves them: the
+                // ones it will have are owed by its weight below.
+                pay(&self.store, st, work, dir, owed)?;
             }
             let w = if is_dir {
                 // What the directory holds moves with it. Its own counts
@@ -151,6 +167,31 @@ impl Fs {
                     drop_home(i, dir);
                 }
             }
+        }
+        if lazy {
+            // The directories holding the entries at once (loaded first:
+            // nothing changes unless all are had), their ancestors later.
+            for &(dir, _) in &weights {
+                if !work.inodes.contains_key(&dir) {
+                    self.load(st, dir)?;
+                    st.defer(dir);
+                    self.store.note_deferred();
+                }
+            }
+            for (dir, w) in weights {
+                match work.inodes.get_mut(&dir) {
+                    Some(i) => w.apply_to(i),
+                    None => {
+                        if let Some(c) = st.cached(dir) {
+                            w.apply_to(&mut c.inode);
+                        }
+                    }
+                }
+                if dir != crate::core::volume::ROOT_INO {
+                    st.owe(dir, Weight { files: 0, ..w });
+                }
+            }
+            return Ok(());
         }
         // Every directory whose counts move, with what moves them: first
         // all of them (nothing changes yet), then the limits, then the
@@ -412,6 +453,20 @@ impl Fs {
         if w8.rbytes == 0 && w8.rblocks == 0 {
             return Ok(());
         }
+        if self.defers_stats() && !st.quotas_seen() {
+            for &home in std::iter::once(&inode.parent).chain(&inode.links) {
+                self.load(st, home)?;
+                st.defer(home);
+                self.store.note_deferred();
+                if let Some(c) = st.cached(home) {
+                    w8.apply_to(&mut c.inode);
+                }
+                if home != crate::core::volume::ROOT_INO {
+                    st.owe(home, w8);
+                }
+            }
+            return Ok(());
+        }
         let none = Work::new();
         for &home in std::iter::once(&inode.parent).chain(&inode.links) {
             let mut dirs = Vec::new();
@@ -435,6 +490,7 @@ impl Fs {
     /// text; `NoData` where the inode keeps none (not a directory, or a
     /// volume formatted before they were kept) or no such statistic.
     pub(super) fn dir_stat(&self, st: &mut State, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        pay_owed(&self.store, st, &mut Work::new());
         let i = self.inode(st, ino)?;
         let Some(s) = i.stats else {
             return Err(CoreError::NoData);
@@ -454,6 +510,63 @@ impl Fs {
         };
         Ok(v.to_string().into_bytes())
     }
+}
+
+/// Pays everything directories' ancestors owe (`State::owe`): each sum
+/// is added up the chain of directories above it now. Before a batch is
+/// taken and before counts are read or checked; during an operation, its
+/// `work` copies take their share (they are written after). An ancestor
+/// that cannot be read is left out, said in the log (`safs fsck` finds
+/// the counts).
+pub(super) fn pay_owed(store: &Store, st: &mut State, work: &mut Work) {
+    if !st.has_owed() {
+        return;
+    }
+    for (dir, w) in st.take_owed() {
+        let parent = match super::load_in(store, st, dir) {
+            Ok(Some(c)) => c.inode.parent,
+            // Gone: what it owed was paid as it left (`account`).
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::error!(dir, error = %e, "directory statistics not moved above a directory");
+                continue;
+            }
+        };
+        if let Some(up) = up_from(dir, parent)
+            && let Err(e) = pay(store, st, work, up, w)
+        {
+            tracing::error!(dir, error = %e, "directory statistics not moved above a directory");
+        }
+    }
+}
+
+/// Adds `w` to the recursive counts of `from` and each directory above
+/// it, by the chain the cache holds (during an operation, the one before
+/// it: a directory it moves is paid where it was), changing `work`'s copy
+/// where it has one, else the cached entry (deferred).
+fn pay(store: &Store, st: &mut State, work: &mut Work, from: u64, w: Weight) -> Result<()> {
+    let mut at = from;
+    for _ in 0..MAX_DEPTH {
+        let parent = match super::load_in(store, st, at)? {
+            Some(c) => c.inode.parent,
+            None => return Err(CoreError::NotFound),
+        };
+        match work.inodes.get_mut(&at) {
+            Some(i) => w.apply_to(i),
+            None => {
+                st.defer(at);
+                store.note_deferred();
+                if let Some(c) = st.cached(at) {
+                    w.apply_to(&mut c.inode);
+                }
+            }
+        }
+        match up_from(at, parent) {
+            Some(up) => at = up,
+            None => return Ok(()),
+        }
+    }
+    Err(loop_at(at))
 }
 
 /// The directory above `at` (whose `..` is `parent`), or `None` at the top.

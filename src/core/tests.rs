@@ -1704,7 +1704,9 @@ fn deferred_statistics_reach_the_records_at_every_sync() {
     let sb = t.fs.sb.clone();
     t.fs.close().unwrap();
     let opts = Options {
-        commit_interval: Duration::from_millis(1),
+        // Batches only when synced: what ancestors are owed piles up
+        // across hundreds of changes, renames of directories among them.
+        commit_interval: Duration::from_secs(3600),
         // About two dozen entries: ancestors are evicted while deferred.
         cache_bytes: 8 << 10,
         ..Options::default()
@@ -1752,7 +1754,8 @@ fn deferred_statistics_reach_the_records_at_every_sync() {
     for round in 1..=2_000 {
         let d = chain[next(chain.len() as u64) as usize];
         let name = format!("f{}", next(6));
-        let _ = match next(5) {
+        let sub = t.fs.lookup(d, b"sub").map(|a| a.ino);
+        let _ = match next(8) {
             0 | 1 => {
                 t.fs.make_node(&ctx, d, name.as_bytes(), libc::S_IFREG | 0o644, 0, 0, None)
                     .map(drop)
@@ -1774,10 +1777,21 @@ fn deferred_statistics_reach_the_records_at_every_sync() {
                 };
                 t.fs.setattr(&ctx, a.ino, &set).map(drop)
             }),
-            _ => {
+            4 => {
                 t.fs.make_node(&ctx, d, b"sub", libc::S_IFDIR | 0o755, 0, 0, None)
                     .map(drop)
                     .or_else(|_| t.fs.rmdir(d, b"sub"))
+            }
+            5 => sub.and_then(|s| {
+                t.fs.make_node(&ctx, s, name.as_bytes(), libc::S_IFREG | 0o644, 0, 0, None)
+                    .map(drop)
+            }),
+            6 => sub.and_then(|s| t.fs.unlink(s, name.as_bytes())),
+            _ => {
+                // A directory and what it holds moves up or down the chain,
+                // over an empty one there, if any.
+                let to = chain[next(chain.len() as u64) as usize];
+                t.fs.rename(&ctx, d, b"sub", to, b"sub", RenameFlags::default())
             }
         };
         if round % 300 == 0 {
@@ -1791,6 +1805,49 @@ fn deferred_statistics_reach_the_records_at_every_sync() {
     records_match(&t, &chain);
     let root = t.fs.getxattr(Ino::ROOT, b"safs.dir.rctime").unwrap();
     assert_eq!(String::from_utf8(root).unwrap(), newest.to_string());
+}
+
+/// What ancestors are owed from before a limit was first seen is paid by
+/// the chain they had: a directory the same operation moves pays its old
+/// ancestors, not its new ones.
+#[test]
+fn owed_counts_are_paid_where_they_were_when_limits_appear() {
+    let mut t = setup(320);
+    let sb = t.fs.sb.clone();
+    t.fs.close().unwrap();
+    let opts = Options {
+        commit_interval: Duration::from_secs(3600),
+        ..Options::default()
+    };
+    t.fs = Fs::mount(t._dir.path(), t.engine.clone(), sb, opts).unwrap();
+    let ctx = Ctx::root();
+    let mk = |parent: Ino, name: &str, dir: bool| {
+        let mode = if dir {
+            libc::S_IFDIR | 0o755
+        } else {
+            libc::S_IFREG | 0o644
+        };
+        t.fs.make_node(&ctx, parent, name.as_bytes(), mode, 0, 0, None)
+            .unwrap()
+            .ino
+    };
+    let a = mk(Ino::ROOT, "a", true);
+    let b = mk(a, "b", true);
+    let c = mk(b, "c", true);
+    let x = mk(Ino::ROOT, "x", true);
+    let q = mk(Ino::ROOT, "q", true);
+    for i in 0..5 {
+        mk(c, &format!("f{i}"), false);
+    }
+    // Limits from now on: counts must be exact before each change.
+    t.fs.setxattr(&ctx, q, b"safs.quota.max_files", b"100", 0)
+        .unwrap();
+    t.fs.rename(&ctx, a, b"b", x, b"b", RenameFlags::default())
+        .unwrap();
+    assert_eq!(stats_match_a_walk(&t.fs, Ino::ROOT), (5, 5));
+    t.fs.sync().unwrap();
+    remount_with_dircache(&mut t, false);
+    assert_eq!(stats_match_a_walk(&t.fs, Ino::ROOT), (5, 5));
 }
 
 #[test]
