@@ -77,6 +77,14 @@ impl Fs {
         dir: u64,
         mut f: impl FnMut(Quota, DirStats) -> ControlFlow<()>,
     ) -> Result<()> {
+        // No directory with a limit cached since the mount: none lies
+        // above anything reached since (reaching it looks each directory
+        // of the path up, which caches it). So no walk at every first
+        // open of a file on volumes without quotas. Not where another
+        // daemon may set one on a directory this one has cached since.
+        if !st.quotas_seen() && !self.store.is_shared() {
+            return Ok(());
+        }
         // Callers hold no copies of directories an operation will write
         // (`make_node` pays with its own first).
         super::stats::pay_owed(&self.store, st, &mut super::namespace::Work::new());
