@@ -135,14 +135,32 @@ fn remount(dir: &std::path::Path, engine: &Arc<Recording>, sb: Superblock) -> Fs
 
 /// Mounts `t`'s volume again with the directory cache on or off.
 fn remount_with_dircache(t: &mut T, on: bool) {
+    remount_with(
+        t,
+        Options {
+            commit_interval: Duration::from_millis(1),
+            dircache: Some(on),
+            ..Options::default()
+        },
+    );
+}
+
+/// Mounts `t`'s volume again with `opts`.
+fn remount_with(t: &mut T, opts: Options) {
     let sb = t.fs.sb.clone();
     t.fs.close().unwrap();
-    let opts = Options {
-        commit_interval: Duration::from_millis(1),
-        dircache: Some(on),
-        ..Options::default()
-    };
     t.fs = Fs::mount(t._dir.path(), t.engine.clone(), sb, opts).unwrap();
+}
+
+/// Makes directory or file `name` in `parent` as root.
+fn node(fs: &Fs, parent: Ino, name: &str, dir: bool) -> Result<Ino> {
+    let mode = if dir {
+        libc::S_IFDIR | 0o755
+    } else {
+        libc::S_IFREG | 0o644
+    };
+    fs.make_node(&Ctx::root(), parent, name.as_bytes(), mode, 0, 0, None)
+        .map(|a| a.ino)
 }
 
 fn file(t: &T, name: &str) -> Ino {
@@ -1517,16 +1535,7 @@ fn stats_match_a_walk_in_full(fs: &Fs, dir: Ino) -> (((u64, u64), u64), i64) {
 fn directory_statistics_follow_every_change_of_an_entry() {
     let mut t = setup(320);
     let ctx = Ctx::root();
-    let mk = |t: &T, parent: Ino, name: &str, dir: bool| -> Ino {
-        let mode = if dir {
-            libc::S_IFDIR | 0o755
-        } else {
-            libc::S_IFREG | 0o644
-        };
-        t.fs.make_node(&ctx, parent, name.as_bytes(), mode, 0, 0, None)
-            .unwrap()
-            .ino
-    };
+    let mk = |t: &T, parent: Ino, name: &str, dir: bool| node(&t.fs, parent, name, dir).unwrap();
     let a = mk(&t, Ino::ROOT, "a", true);
     let b = mk(&t, a, "b", true);
     let c = mk(&t, b, "c", true);
@@ -1701,8 +1710,6 @@ fn directory_statistics_follow_every_change_of_an_entry() {
 #[test]
 fn deferred_statistics_reach_the_records_at_every_sync() {
     let mut t = setup(320);
-    let sb = t.fs.sb.clone();
-    t.fs.close().unwrap();
     let opts = Options {
         // Batches only when synced: what ancestors are owed piles up
         // across hundreds of changes, renames of directories among them.
@@ -1711,7 +1718,7 @@ fn deferred_statistics_reach_the_records_at_every_sync() {
         cache_bytes: 8 << 10,
         ..Options::default()
     };
-    t.fs = Fs::mount(t._dir.path(), t.engine.clone(), sb, opts).unwrap();
+    remount_with(&mut t, opts);
     let ctx = Ctx::root();
     let mut chain = vec![Ino::ROOT];
     for depth in 0..30 {
@@ -1813,24 +1820,13 @@ fn deferred_statistics_reach_the_records_at_every_sync() {
 #[test]
 fn owed_counts_are_paid_where_they_were_when_limits_appear() {
     let mut t = setup(320);
-    let sb = t.fs.sb.clone();
-    t.fs.close().unwrap();
     let opts = Options {
         commit_interval: Duration::from_secs(3600),
         ..Options::default()
     };
-    t.fs = Fs::mount(t._dir.path(), t.engine.clone(), sb, opts).unwrap();
+    remount_with(&mut t, opts);
     let ctx = Ctx::root();
-    let mk = |parent: Ino, name: &str, dir: bool| {
-        let mode = if dir {
-            libc::S_IFDIR | 0o755
-        } else {
-            libc::S_IFREG | 0o644
-        };
-        t.fs.make_node(&ctx, parent, name.as_bytes(), mode, 0, 0, None)
-            .unwrap()
-            .ino
-    };
+    let mk = |parent: Ino, name: &str, dir: bool| node(&t.fs, parent, name, dir).unwrap();
     let a = mk(Ino::ROOT, "a", true);
     let b = mk(a, "b", true);
     let c = mk(b, "c", true);
@@ -1854,15 +1850,7 @@ fn owed_counts_are_paid_where_they_were_when_limits_appear() {
 fn quotas_refuse_what_would_pass_them_and_nothing_else() {
     let t = setup(320);
     let (ctx, fs) = (Ctx::root(), &t.fs);
-    let mk = |parent: Ino, name: &str, dir: bool| {
-        let mode = if dir {
-            libc::S_IFDIR | 0o755
-        } else {
-            libc::S_IFREG | 0o644
-        };
-        fs.make_node(&ctx, parent, name.as_bytes(), mode, 0, 0, None)
-            .map(|a| a.ino)
-    };
+    let mk = |parent: Ino, name: &str, dir: bool| node(fs, parent, name, dir);
     let q = mk(Ino::ROOT, "q", true).unwrap();
     let out = mk(Ino::ROOT, "out", true).unwrap();
     let user = Ctx::unseen(1000, 1000);
