@@ -189,6 +189,9 @@ impl Fs {
                 }
                 if dir != crate::core::volume::ROOT_INO {
                     st.owe(dir, Weight { files: 0, ..w });
+                    // Owed counts go with this operation's batch, like
+                    // deferred records (the committer pays them first).
+                    self.store.note_deferred();
                 }
             }
             return Ok(());
@@ -463,6 +466,7 @@ impl Fs {
                 }
                 if home != crate::core::volume::ROOT_INO {
                     st.owe(home, w8);
+                    self.store.note_deferred();
                 }
             }
             return Ok(());

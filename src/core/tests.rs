@@ -1814,6 +1814,32 @@ fn deferred_statistics_reach_the_records_at_every_sync() {
     assert_eq!(String::from_utf8(root).unwrap(), newest.to_string());
 }
 
+/// A batch the committer takes by itself (no sync, nobody reading) holds
+/// what ancestors are owed for the operations in it: a crash after it
+/// must not leave them behind (the crash loop once found the root so).
+#[test]
+fn a_batch_taken_unasked_holds_what_ancestors_are_owed() {
+    let t = setup(320);
+    let a = node(&t.fs, Ino::ROOT, "a", true).unwrap();
+    for i in 0..20 {
+        node(&t.fs, a, &format!("f{i}"), false).unwrap();
+    }
+    let key = keys::inode(Ino::ROOT.0);
+    let started = std::time::Instant::now();
+    loop {
+        let rec = t.engine.get(&key).unwrap().unwrap();
+        let s = Inode::decode(&key, &rec).unwrap().stats.unwrap();
+        if (s.rfiles, s.rsubdirs) == (20, 1) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the root's record says {s:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// What ancestors are owed from before a limit was first seen is paid by
 /// the chain they had: a directory the same operation moves pays its old
 /// ancestors, not its new ones.
