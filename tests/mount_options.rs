@@ -241,3 +241,69 @@ fn remount_changes_the_daemons_atime_rules() {
     assert_eq!(atime_of(&f), a, "noatime after remount");
     unmount_t(&mut v);
 }
+
+/// The mount's read-ahead, from its backing-dev-info in sysfs.
+fn read_ahead_kb(mnt: &Path) -> u32 {
+    let dev = std::fs::metadata(mnt).unwrap().dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    std::fs::read_to_string(format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// A sequential read the daemon serves comes in READs of `max_pages`
+/// (1 MiB), not the kernel's default 128 KiB read-ahead: the mount sets
+/// its read-ahead once INIT is answered; `read_ahead_kb=` sets another.
+#[test]
+fn sequential_reads_the_daemon_serves_come_a_mebibyte_at_a_time() {
+    use std::io::Read;
+    let mut v = TestVolume::with_options(&["nopassthrough"]);
+    assert_eq!(read_ahead_kb(v.mnt()), 4096, "the default read-ahead");
+    let size = 16 << 20;
+    let bytes: Vec<u8> = (0..size).map(|i| (i * 7 + i / 4096) as u8).collect();
+    std::fs::write(v.path("big"), &bytes).unwrap();
+    v.remount(); // nothing of the file in the page cache
+
+    let before = served(&v, "read");
+    let mut f = std::fs::File::open(v.path("big")).unwrap();
+    let mut back = Vec::new();
+    let mut buf = vec![0u8; 64 << 10]; // reads smaller than a READ
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        back.extend_from_slice(&buf[..n]);
+    }
+    assert!(back == bytes, "the file read back differs");
+    let reads = served(&v, "read") - before;
+    // 16 at 1 MiB (a READ of the end finding nothing may add one); the
+    // kernel's own read-ahead would take 128.
+    assert!((16..=20).contains(&reads), "{reads} READs for 16 MiB");
+
+    drop(f);
+    v.unmount();
+    v.set_options(&["nopassthrough", "read_ahead_kb=512"]);
+    v.mount();
+    assert_eq!(read_ahead_kb(v.mnt()), 512, "read_ahead_kb=512");
+    v.unmount();
+
+    for bad in ["read_ahead_kb", "read_ahead_kb=x", "read_ahead_kb=2000000"] {
+        let out = safs([
+            "mount".as_ref(),
+            v.vol().as_os_str(),
+            v.mnt().as_os_str(),
+            "-o".as_ref(),
+            bad.as_ref(),
+        ]);
+        out.assert_failure_with_message(bad);
+        assert!(
+            out.stderr.contains("read_ahead_kb"),
+            "{bad}: {}",
+            out.stderr
+        );
+        assert!(!v.is_mounted(), "{bad} mounted");
+    }
+}

@@ -51,6 +51,8 @@ pub struct MountArgs {
     /// store: 500M, 20G, 1T, a bare number in MiB; default 100G),
     /// transport=auto|uring|dev (FUSE over io_uring when the kernel offers
     /// it, the default, or required, or /dev/fuse reads and writes),
+    /// read_ahead_kb=N (the kernel's read-ahead for reads the daemon serves,
+    /// default 4096; 0 turns it off),
     /// uring_yield=0|1 (io_uring queue threads run as SCHED_IDLE while they
     /// wait and answer from memory, so a caller stays on its CPU; default 1),
     /// dircache=0|1 (the directory cache, half of cache_mb at most; on by
@@ -88,6 +90,10 @@ fn size_mib(v: &str) -> anyhow::Result<u64> {
         .ok_or_else(|| anyhow::anyhow!("{v} is too large"))
 }
 
+/// The mount's read-ahead by default: one object-store block, four READs
+/// of `max_pages` (see `fuse::session`).
+const READ_AHEAD_KB: u32 = 4096;
+
 #[derive(Debug)]
 struct MountOpts {
     allow_other: bool,
@@ -113,6 +119,8 @@ struct MountOpts {
     cache_size: u64,
     threads: usize,
     uring_yield: bool,
+    /// The kernel's read-ahead for the mount, in KiB.
+    read_ahead_kb: u32,
     cache_mb: u64,
     /// `None`: the core's default (on for encrypted volumes).
     dircache: Option<bool>,
@@ -139,6 +147,7 @@ impl MountOpts {
             uring_yield: self.uring_yield,
             data_path: self.data_path,
             transport: self.transport,
+            read_ahead_kb: self.read_ahead_kb,
         }
     }
 }
@@ -168,6 +177,7 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
         cache_size: safs::core::DEFAULT_DATA_CACHE,
         threads: 4,
         uring_yield: true,
+        read_ahead_kb: READ_AHEAD_KB,
         cache_mb: 256,
         dircache: None,
         passphrase_file: None,
@@ -249,6 +259,13 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
                 if !(1..=64).contains(&o.threads) {
                     bail!("threads must be 1..=64");
                 }
+            }
+            "read_ahead_kb" => {
+                o.read_ahead_kb = num(val)?
+                    .try_into()
+                    .ok()
+                    .filter(|kb| *kb <= 1 << 20)
+                    .ok_or_else(|| anyhow::anyhow!("read_ahead_kb must be 0..=1048576"))?;
             }
             "uring_yield" => {
                 o.uring_yield = match val {

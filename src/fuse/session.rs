@@ -39,6 +39,8 @@ pub struct SessionOptions {
     pub data_path: DataPath,
     /// How requests reach the daemon (`-o transport=`).
     pub transport: Transport,
+    /// The kernel's read-ahead for the mount, in KiB (`-o read_ahead_kb=`).
+    pub read_ahead_kb: u32,
 }
 
 impl SessionOptions {
@@ -100,6 +102,10 @@ pub struct Session {
     threads: usize,
     uring_yield: bool,
     status: Arc<transport::Status>,
+    /// The mount's device (its backing-dev-info is named for it), when
+    /// known, and the read-ahead to set on it once INIT is answered.
+    dev: Option<(u32, u32)>,
+    read_ahead_kb: u32,
 }
 
 /// Ends a session from another thread (a signal handler).
@@ -128,6 +134,7 @@ impl Session {
         // strictatime, nodiratime, nosymfollow): all set with one bind
         // remount.
         set_mount_flags(mountpoint, o.mount_flags(), true)?;
+        let dev = mount_dev(mountpoint);
         Ok(Session {
             adapter,
             conn,
@@ -136,6 +143,8 @@ impl Session {
             threads: o.threads,
             uring_yield: o.uring_yield,
             status,
+            dev,
+            read_ahead_kb: o.read_ahead_kb,
         })
     }
 
@@ -159,11 +168,17 @@ impl Session {
     pub fn run(self, ready: impl FnOnce()) -> std::io::Result<()> {
         let handler: Arc<dyn transport::Handler> = self.adapter.clone();
         let adapter = Arc::clone(&self.adapter);
+        let (dev, read_ahead_kb) = (self.dev, self.read_ahead_kb);
         transport::serve(
             &self.conn,
             handler,
             move |req| adapter.init(req),
-            ready,
+            move || {
+                // After INIT: its reply lowers the read-ahead to what it
+                // names, which cannot exceed the kernel's 128 KiB default.
+                set_read_ahead(dev, read_ahead_kb);
+                ready()
+            },
             &transport::ServeOptions {
                 threads: self.threads,
                 uring_depth: URING_DEPTH,
@@ -175,6 +190,41 @@ impl Session {
             Some(why) => std::io::Error::other(format!("the mount's INIT was refused: {why}")),
             None => e,
         })
+    }
+}
+
+/// The device number of the FUSE mount on `mountpoint`, without asking
+/// the daemon (which is not serving yet): `AT_STATX_DONT_SYNC` answers
+/// from what the kernel has.
+fn mount_dev(mountpoint: &Path) -> Option<(u32, u32)> {
+    use rustix::fs::{AtFlags, CWD, StatxFlags, statx};
+    let flags = AtFlags::STATX_DONT_SYNC | AtFlags::NO_AUTOMOUNT;
+    match statx(CWD, mountpoint, flags, StatxFlags::empty()) {
+        Ok(stx) => Some((stx.stx_dev_major, stx.stx_dev_minor)),
+        Err(e) => {
+            tracing::debug!(error = %e, "statx of the mountpoint");
+            None
+        }
+    }
+}
+
+/// Sets the mount's read-ahead (`/sys/class/bdi/MAJ:MIN/read_ahead_kb`).
+/// The kernel's 128 KiB makes a sequential read the daemon serves (on
+/// encrypted volumes, without passthrough, a file still coming from the
+/// object store) eight READs per MiB; a few MiB let each READ carry
+/// `max_pages` (1 MiB) with more in flight, as network filesystems do
+/// (CephFS reads ahead 8 MiB, NFS 15 × rsize). Passthrough reads use the
+/// backing file's own. Only root may write it: otherwise the kernel's
+/// stays, said in the log.
+fn set_read_ahead(dev: Option<(u32, u32)>, kb: u32) {
+    let Some((major, minor)) = dev else {
+        tracing::info!("the mount's device is unknown: the kernel's read-ahead stays");
+        return;
+    };
+    let path = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
+    match std::fs::write(&path, format!("{kb}\n")) {
+        Ok(()) => tracing::debug!(path, kb, "read-ahead set"),
+        Err(e) => tracing::info!(path, error = %e, "cannot set the read-ahead: the kernel's stays"),
     }
 }
 
