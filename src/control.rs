@@ -169,9 +169,8 @@ fn handle(conn: UnixStream, fs: &Fs, stats: &Stats) -> std::io::Result<()> {
     BufReader::new(&conn).read_line(&mut line)?;
     let reply = match line.trim() {
         "stats" => Reply {
-            ok: true,
-            error: None,
             stats: Some(stats_reply(fs, stats)),
+            ..Reply::done()
         },
         "sync" => match fs.sync() {
             Ok(()) => Reply::done(),
@@ -191,6 +190,17 @@ fn handle(conn: UnixStream, fs: &Fs, stats: &Stats) -> std::io::Result<()> {
             fs.set_atime(a);
             Reply::done()
         }
+        "trace" => Reply {
+            trace: Some(crate::fuse::transport::trace::take()),
+            ..Reply::done()
+        },
+        cmd if cmd.starts_with("trace ") => match cmd[6..].trim().parse::<usize>() {
+            Ok(n) => {
+                crate::fuse::transport::trace::arm(n);
+                Reply::done()
+            }
+            Err(_) => Reply::failed(format!("{cmd:?}: trace needs a number of requests")),
+        },
         "drop-caches" => {
             fs.drop_caches();
             Reply::done()

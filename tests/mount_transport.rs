@@ -231,3 +231,58 @@ fn io_uring_queue_threads_let_their_callers_keep_their_cpu() {
         );
     }
 }
+
+/// `CLOCK_MONOTONIC` in nanoseconds, the daemon's trace clock.
+fn now_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// The daemon's request trace (what the bench splits round trips with):
+/// armed over the control socket, each request's arrival and reply fall
+/// inside the system call that made it, on both transports; taken, the
+/// trace is off.
+#[test]
+fn a_trace_places_each_request_inside_its_call() {
+    const GETXATTR: u32 = 22;
+    for transport in ["transport=dev", "transport=auto"] {
+        let v = TestVolume::with_options(&[transport]);
+        let f = v.path("f");
+        fs::write(&f, b"x").unwrap();
+        assert_eq!(getxattr(&f, "user.absent"), Err(nix::errno::Errno::ENODATA));
+
+        safs_control::trace_start(v.vol(), 1000).unwrap();
+        let calls: Vec<(u64, u64)> = (0..20)
+            .map(|_| {
+                let began = now_ns();
+                assert_eq!(getxattr(&f, "user.absent"), Err(nix::errno::Errno::ENODATA));
+                (began, now_ns())
+            })
+            .collect();
+        let trace = safs_control::trace_take(v.vol()).unwrap();
+        let gets: Vec<_> = trace.iter().filter(|r| r.opcode == GETXATTR).collect();
+        assert_eq!(gets.len(), 20, "{transport}: {trace:?}");
+        for (r, (began, ended)) in gets.iter().zip(&calls) {
+            assert!(
+                *began <= r.arrived_ns && r.arrived_ns <= r.answered_ns && r.answered_ns <= *ended,
+                "{transport}: {r:?} outside its call {began}..{ended}"
+            );
+        }
+
+        assert_eq!(getxattr(&f, "user.absent"), Err(nix::errno::Errno::ENODATA));
+        assert!(
+            safs_control::trace_take(v.vol()).unwrap().is_empty(),
+            "{transport}: still tracing"
+        );
+        let e = safs_control::trace_start(v.vol(), usize::MAX)
+            .map(|()| safs_control::trace_take(v.vol()).unwrap().len());
+        assert!(
+            matches!(e, Ok(0)),
+            "{transport}: a huge trace is bounded, not refused: {e:?}"
+        );
+        let bad = safs_control::request(v.vol(), "trace many")
+            .unwrap_err()
+            .to_string();
+        assert!(bad.contains("trace needs a number"), "{bad}");
+    }
+}

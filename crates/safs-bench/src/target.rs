@@ -289,10 +289,7 @@ impl Target {
             match unmount_with_retry(&j.mountpoint, Duration::from_secs(3)) {
                 Ok(()) => {
                     wait_juicefs_exit(&j.mountpoint, Duration::from_secs(30))?;
-                    if j.cache_dir.exists() {
-                        std::fs::remove_dir_all(&j.cache_dir)
-                            .with_context(|| format!("cannot empty {}", j.cache_dir.display()))?;
-                    }
+                    remove_settled(&j.cache_dir)?;
                     drop_kernel_caches()?;
                     mount_juicefs(j)?;
                     return Ok(None);
@@ -364,6 +361,24 @@ pub fn wait_unlocked(volume: &Path, patience: Duration) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(20));
     }
     Ok(())
+}
+
+/// Removes `dir` and everything in it, trying again for a few seconds
+/// while something still writes in it: a JuiceFS daemon's last cache
+/// writes can land after its mount is gone (a run failed on "Directory
+/// not empty").
+fn remove_settled(dir: &Path) -> anyhow::Result<()> {
+    let start = Instant::now();
+    loop {
+        match std::fs::remove_dir_all(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(_) if start.elapsed() < Duration::from_secs(10) => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(e).with_context(|| format!("cannot empty {}", dir.display())),
+        }
+    }
 }
 
 /// Removes every regular file under `dir` (two levels: the layout of a

@@ -222,12 +222,25 @@ pub struct StoreReport {
     pub uploads_waiting: u64,
 }
 
+/// One request of a trace (`trace N`, then `trace`): when it reached the
+/// daemon and when its reply was handed back, `CLOCK_MONOTONIC` ns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceRecord {
+    pub unique: u64,
+    pub opcode: u32,
+    pub arrived_ns: u64,
+    pub answered_ns: u64,
+}
+
 /// One reply line.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Reply {
     pub ok: bool,
     pub error: Option<String>,
     pub stats: Option<StatsReply>,
+    /// The answer to `trace`: what the trace kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<Vec<TraceRecord>>,
 }
 
 impl Reply {
@@ -236,6 +249,7 @@ impl Reply {
             ok: true,
             error: None,
             stats: None,
+            trace: None,
         }
     }
 
@@ -244,6 +258,7 @@ impl Reply {
             ok: false,
             error: Some(error),
             stats: None,
+            trace: None,
         }
     }
 }
@@ -256,6 +271,25 @@ pub fn request(volume: &Path, cmd: &str) -> anyhow::Result<Option<StatsReply>> {
 
 /// Sends `cmd` to the daemon listening at `path`.
 pub fn request_at(path: &Path, cmd: &str) -> anyhow::Result<Option<StatsReply>> {
+    Ok(reply_at(path, cmd)?.stats)
+}
+
+/// Starts a trace of the next `n` requests the daemon serving `volume`
+/// answers (`n` = 0 ends it).
+pub fn trace_start(volume: &Path, n: usize) -> anyhow::Result<()> {
+    reply_at(&socket_for(volume), &format!("trace {n}")).map(drop)
+}
+
+/// Ends the trace of the daemon serving `volume` and returns it.
+pub fn trace_take(volume: &Path) -> anyhow::Result<Vec<TraceRecord>> {
+    Ok(reply_at(&socket_for(volume), "trace")?
+        .trace
+        .unwrap_or_default())
+}
+
+/// Sends `cmd` to the daemon listening at `path`; its reply, if it
+/// succeeded.
+fn reply_at(path: &Path, cmd: &str) -> anyhow::Result<Reply> {
     let mut conn = UnixStream::connect(path)
         .map_err(|e| anyhow::anyhow!("cannot reach the safs daemon at {}: {e}", path.display()))?;
     conn.set_read_timeout(Some(Duration::from_secs(60)))?;
@@ -266,7 +300,7 @@ pub fn request_at(path: &Path, cmd: &str) -> anyhow::Result<Option<StatsReply>> 
     if !reply.ok {
         anyhow::bail!("daemon: {}", reply.error.unwrap_or_default());
     }
-    Ok(reply.stats)
+    Ok(reply)
 }
 
 /// Whether some process — a daemon serving it, or `safs fsck` — holds the

@@ -278,8 +278,9 @@ fn parse_header(req: &[u8]) -> Option<(u32, u64)> {
 fn worker(file: Arc<File>, handler: Arc<dyn Handler>, buffer_size: usize) -> io::Result<()> {
     let mut buf = vec![0u8; buffer_size];
     while let Some(n) = read_request(&file, &mut buf)? {
+        let arrived = super::trace::arrived();
         let req = &buf[..n];
-        let Some((_, unique)) = parse_header(req) else {
+        let Some((opcode, unique)) = parse_header(req) else {
             tracing::error!(len = n, "malformed FUSE request ignored");
             if n >= 16 {
                 let unique = u64::from_ne_bytes(req[8..16].try_into().expect("8 bytes"));
@@ -287,7 +288,7 @@ fn worker(file: Arc<File>, handler: Arc<dyn Handler>, buffer_size: usize) -> io:
             }
             continue;
         };
-        let reply = Reply::from_dev(unique, DevRoute::new(Arc::clone(&file)));
+        let reply = Reply::from_dev(unique, opcode, arrived, DevRoute::new(Arc::clone(&file)));
         let raw = RawRequest {
             header: &req[..IN_HEADER_LEN],
             op_in: None,

@@ -13,6 +13,7 @@ mod mount;
 mod test_wire;
 #[cfg(test)]
 mod tests;
+pub mod trace;
 pub mod uring;
 mod yielding;
 
@@ -66,6 +67,9 @@ pub trait Handler: Send + Sync + 'static {
 /// `EIO` (a handler bug must not leave the caller hanging).
 pub struct Reply {
     unique: u64,
+    /// The request's opcode and arrival, for the trace (0: not traced).
+    opcode: u32,
+    arrived_ns: u64,
     route: Option<Route>,
 }
 
@@ -77,17 +81,27 @@ enum Route {
 
 impl Reply {
     /// A reply for a request that came over io_uring.
-    pub(super) fn from_uring(unique: u64, slot: uring::Slot) -> Reply {
+    /// `arrived_ns`: [`trace::arrived`] when it came.
+    pub(super) fn from_uring(
+        unique: u64,
+        opcode: u32,
+        arrived_ns: u64,
+        slot: uring::Slot,
+    ) -> Reply {
         Reply {
             unique,
+            opcode,
+            arrived_ns,
             route: Some(Route::Uring(slot)),
         }
     }
 
     /// A reply for a request read from `/dev/fuse`.
-    fn from_dev(unique: u64, route: dev::DevRoute) -> Reply {
+    fn from_dev(unique: u64, opcode: u32, arrived_ns: u64, route: dev::DevRoute) -> Reply {
         Reply {
             unique,
+            opcode,
+            arrived_ns,
             route: Some(Route::Dev(route)),
         }
     }
@@ -109,10 +123,12 @@ impl Reply {
 
     /// No reply (FORGET, BATCH_FORGET: the kernel expects none).
     pub fn none(mut self) {
+        trace::answered(self.unique, self.opcode, self.arrived_ns);
         self.route = None;
     }
 
     fn finish(&mut self, error: i32, body: &[&[u8]]) {
+        trace::answered(self.unique, self.opcode, self.arrived_ns);
         match self.route.take() {
             Some(Route::Dev(dev)) => dev.send(self.unique, error, body),
             Some(Route::Uring(slot)) => slot.send(self.unique, error, body),

@@ -334,12 +334,12 @@ fn inval_entry_drops_a_cached_name() {
 fn replies_and_notifications_after_the_session_fail_harmlessly() {
     let mut m = start(mount, false);
     let notifier = m.conn.notifier();
-    let late = Reply::from_dev(12345, dev::DevRoute::new(Arc::clone(m.conn.file())));
+    let late = Reply::from_dev(12345, 0, 0, dev::DevRoute::new(Arc::clone(m.conn.file())));
     m.unmount().unwrap();
     // The kernel has nothing left to invalidate.
     assert!(notifier.inval_entry(1, b"file").is_err());
     late.send(&[&entry_out(2, libc::S_IFREG)]);
-    let dropped = Reply::from_dev(12346, dev::DevRoute::new(Arc::clone(m.conn.file())));
+    let dropped = Reply::from_dev(12346, 0, 0, dev::DevRoute::new(Arc::clone(m.conn.file())));
     drop(dropped);
     drop(m);
     // Once every file of the session is closed.

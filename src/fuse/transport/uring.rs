@@ -873,6 +873,7 @@ impl QueueThread {
     /// Hands entry `idx`'s request to the handler.
     #[allow(unsafe_code)]
     fn serve(&mut self, idx: usize) {
+        let arrived = super::trace::arrived();
         let q = Arc::clone(&self.queue);
         let mut header = [0u8; IN_HEADER_LEN];
         let mut ent_in_out = [0u8; 32];
@@ -934,7 +935,7 @@ impl QueueThread {
         // A handler bug fails one request (its dropped reply answers EIO),
         // not the queue.
         if catch_unwind(AssertUnwindSafe(|| {
-            handler.handle(req, Reply::from_uring(unique, slot))
+            handler.handle(req, Reply::from_uring(unique, opcode, arrived, slot))
         }))
         .is_err()
         {
