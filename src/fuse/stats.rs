@@ -6,7 +6,9 @@
 //! per request for the count and one for the bucket.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use super::transport::handing_back;
 
 macro_rules! ops {
     ($($name:ident => $text:literal),+ $(,)?) => {
@@ -60,16 +62,22 @@ impl Default for Stats {
     }
 }
 
-/// Records one request when dropped.
+/// Records one request when dropped: the handler's own time, without the
+/// time its thread spent handing the reply back to `/dev/fuse` (which
+/// wakes the caller; over io_uring replies are committed after the
+/// handler returns), so that both transports count the same work.
 pub struct Timer<'a> {
     stats: &'a Stats,
     op: Op,
     start: Instant,
+    handing_back: Duration,
 }
 
 impl Drop for Timer<'_> {
     fn drop(&mut self) {
-        self.stats.record(self.op, self.start);
+        let replying = handing_back().saturating_sub(self.handing_back);
+        self.stats
+            .record_ns(self.op, self.start.elapsed().saturating_sub(replying));
     }
 }
 
@@ -86,7 +94,11 @@ impl Timer<'_> {
 impl Stats {
     /// Records one request of `op` that started at `start` and is done.
     pub fn record(&self, op: Op, start: Instant) {
-        let ns = start.elapsed().as_nanos() as u64;
+        self.record_ns(op, start.elapsed());
+    }
+
+    fn record_ns(&self, op: Op, took: Duration) {
+        let ns = took.as_nanos() as u64;
         let s = &self.ops[op as usize];
         s.count.fetch_add(1, Ordering::Relaxed);
         s.nanos.fetch_add(ns, Ordering::Relaxed);
@@ -100,6 +112,7 @@ impl Stats {
             stats: self,
             op,
             start: Instant::now(),
+            handing_back: handing_back(),
         }
     }
 
@@ -134,5 +147,21 @@ mod tests {
         assert_eq!(r[0].op, "getxattr");
         assert_eq!(r[0].count, 3);
         assert_eq!(r[0].hist.iter().sum::<u64>(), 3);
+    }
+
+    #[test]
+    fn a_reply_handed_back_is_not_the_handlers_time() {
+        let s = Stats::default();
+        let outside = Instant::now();
+        {
+            let _t = s.start(Op::Getattr);
+            std::thread::sleep(Duration::from_millis(20));
+            // As if 15 ms of that were the reply's writev.
+            super::super::transport::handed_back(Duration::from_millis(15));
+        }
+        let whole = outside.elapsed().as_nanos() as u64;
+        let ns = s.report()[0].total_ns;
+        assert!(ns >= 5_000_000, "{ns} ns");
+        assert!(ns + 15_000_000 <= whole, "{ns} ns of {whole}");
     }
 }

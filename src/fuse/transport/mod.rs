@@ -45,6 +45,25 @@ impl Status {
     }
 }
 
+thread_local! {
+    /// Time this thread spent handing replies to `/dev/fuse` (each
+    /// `writev` wakes the caller, across CPUs: microseconds that belong
+    /// to the round trip, not to the handler that made the reply).
+    static HANDING_BACK: std::cell::Cell<std::time::Duration> =
+        const { std::cell::Cell::new(std::time::Duration::ZERO) };
+}
+
+/// How long this thread has spent handing replies back to the kernel
+/// (see [`HANDING_BACK`]): a handler's timer leaves it out.
+pub fn handing_back() -> std::time::Duration {
+    HANDING_BACK.get()
+}
+
+/// This thread spent `d` more handing a reply back.
+pub(crate) fn handed_back(d: std::time::Duration) {
+    HANDING_BACK.set(HANDING_BACK.get() + d);
+}
+
 /// One request as a transport received it.
 pub struct RawRequest<'a> {
     /// The `fuse_in_header` (40 bytes).
@@ -130,7 +149,11 @@ impl Reply {
     fn finish(&mut self, error: i32, body: &[&[u8]]) {
         trace::answered(self.unique, self.opcode, self.arrived_ns);
         match self.route.take() {
-            Some(Route::Dev(dev)) => dev.send(self.unique, error, body),
+            Some(Route::Dev(dev)) => {
+                let start = std::time::Instant::now();
+                dev.send(self.unique, error, body);
+                handed_back(start.elapsed());
+            }
             Some(Route::Uring(slot)) => slot.send(self.unique, error, body),
             None => {}
         }
