@@ -110,7 +110,7 @@ impl Fs {
         if bytes == 0 {
             return Ok(());
         }
-        for home in homes(inode) {
+        for home in inode.homes() {
             self.quota_allows(st, home, 0, bytes as i64)?;
         }
         Ok(())
@@ -181,7 +181,7 @@ impl Fs {
         first: bool,
     ) -> Result<Vec<(u64, u64)>> {
         let mut limits = Vec::new();
-        for home in homes(inode) {
+        for home in inode.homes() {
             self.limits_above(st, home, |q, s| {
                 if q.max_bytes > 0 {
                     limits.push((q.max_bytes, s.rbytes));
@@ -276,12 +276,4 @@ impl Fs {
         })?;
         Ok(nearest)
     }
-}
-
-/// The directories the names of `inode` (a non-directory) are in.
-fn homes(inode: &Inode) -> Vec<u64> {
-    std::iter::once(inode.parent)
-        .filter(|&p| p != 0)
-        .chain(inode.links.iter().copied())
-        .collect()
 }

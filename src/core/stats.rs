@@ -348,11 +348,7 @@ impl Fs {
             if i.is_dir() {
                 self.raise_rctime(st, work, ino, sec)?;
             } else {
-                let homes: Vec<u64> = std::iter::once(i.parent)
-                    .filter(|&p| p != 0)
-                    .chain(i.links.iter().copied())
-                    .collect();
-                for home in homes {
+                for home in i.homes() {
                     self.raise_rctime(st, work, home, sec)?;
                 }
             }
@@ -378,10 +374,8 @@ impl Fs {
                 self.raise_rctime(st, &mut work, up, sec)?;
             }
         } else if !inode.is_dir() {
-            for &home in std::iter::once(&inode.parent).chain(&inode.links) {
-                if home != 0 {
-                    self.raise_rctime(st, &mut work, home, sec)?;
-                }
+            for home in inode.homes() {
+                self.raise_rctime(st, &mut work, home, sec)?;
             }
         }
         for at in std::mem::take(&mut work.dirty) {
@@ -457,7 +451,7 @@ impl Fs {
             return Ok(());
         }
         if self.defers_stats() && !st.quotas_seen() {
-            for &home in std::iter::once(&inode.parent).chain(&inode.links) {
+            for home in inode.homes() {
                 self.load(st, home)?;
                 st.defer(home);
                 self.store.note_deferred();
@@ -472,7 +466,7 @@ impl Fs {
             return Ok(());
         }
         let none = Work::new();
-        for &home in std::iter::once(&inode.parent).chain(&inode.links) {
+        for home in inode.homes() {
             let mut dirs = Vec::new();
             self.chain(st, &none, home, |at, _| dirs.push(at))?;
             for at in dirs {

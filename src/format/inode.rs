@@ -139,6 +139,15 @@ pub const S_IFREG: u32 = 0o100_000;
 pub const S_IFLNK: u32 = 0o120_000;
 
 impl Inode {
+    /// The directories a non-directory's names are in: `parent` (none
+    /// while it has no name) and `links`, once per name.
+    pub fn homes(&self) -> Vec<u64> {
+        std::iter::once(self.parent)
+            .filter(|&p| p != 0)
+            .chain(self.links.iter().copied())
+            .collect()
+    }
+
     pub fn file_type(&self) -> u32 {
         self.mode & S_IFMT
     }
