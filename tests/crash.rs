@@ -170,10 +170,13 @@ fn one_loop(seed: u64, base: &Path, data_path: &str, kind: Volume) {
     let got = read_tree(&mnt);
     let (got_meta, got_groups) = got.meta();
     let candidates = &snapshots[durable..];
-    let k = candidates
+    let matching: Vec<usize> = candidates
         .iter()
-        .position(|m| m.meta() == (got_meta.clone(), got_groups.clone()));
-    let Some(k) = k else {
+        .enumerate()
+        .filter(|(_, m)| m.meta() == (got_meta.clone(), got_groups.clone()))
+        .map(|(k, _)| k)
+        .collect();
+    let Some(&k) = matching.first() else {
         let last = snapshots.last().unwrap().meta();
         let durable_meta = snapshots[durable].meta();
         panic!(
@@ -184,19 +187,35 @@ fn one_loop(seed: u64, base: &Path, data_path: &str, kind: Volume) {
             last.0
         );
     };
-    // Contents: equal to the file's contents in some state at or after k.
+    // Contents: each file's equal to its contents in some state at or
+    // after k. Same inode (model ids are stable across states), wherever
+    // later states moved it: data is not tied to the batch that renames it.
+    let contents_ok = |k: usize, path: &String, data: &[u8]| {
+        let id = candidates[k].names[path];
+        candidates[k..]
+            .iter()
+            .any(|m| m.inodes.get(&id).is_some_and(|i| i.data == data))
+            || torn_inflight_write(&snapshots, id, data)
+    };
+    // Metadata alone can match several states — a name unlinked and
+    // created again with the same mode looks the same (sizes are
+    // contents) — and the files are then those of one of them.
+    let k = matching
+        .iter()
+        .copied()
+        .find(|&k| {
+            got.names.iter().all(|(path, id)| {
+                let inode = &got.inodes[id];
+                inode.kind != Kind::File || contents_ok(k, path, &inode.data)
+            })
+        })
+        .unwrap_or(k);
     for (path, id) in &got.names {
         let inode = &got.inodes[id];
         if inode.kind != Kind::File {
             continue;
         }
-        // Same inode (model ids are stable across states), wherever later
-        // states moved it: data is not tied to the batch that renames it.
-        let id = candidates[k].names[path];
-        let ok = candidates[k..]
-            .iter()
-            .any(|m| m.inodes.get(&id).is_some_and(|i| i.data == inode.data))
-            || torn_inflight_write(&snapshots, id, &inode.data);
+        let ok = contents_ok(k, path, &inode.data);
         if !ok {
             let lens: Vec<String> = snapshots
                 .iter()
