@@ -286,3 +286,43 @@ fn a_trace_places_each_request_inside_its_call() {
         assert!(bad.contains("trace needs a number"), "{bad}");
     }
 }
+
+/// Over io_uring the one `/dev/fuse` reader gathers FORGETs: files
+/// removed one after the other are forgotten in batches (a BATCH_FORGET
+/// for many), and every one of them is freed all the same.
+#[test]
+fn forgets_beside_io_uring_come_in_batches_and_free_every_file() {
+    const FORGET: u32 = 2;
+    const BATCH_FORGET: u32 = 42;
+    const FILES: usize = 300;
+    let v = TestVolume::with_options(&["transport=auto"]);
+    let used = || {
+        let s = nix::sys::statvfs::statvfs(v.mnt()).unwrap();
+        s.files() - s.files_free()
+    };
+    let before = used();
+    fs::create_dir(v.path("d")).unwrap();
+    for i in 0..FILES {
+        fs::write(v.path(format!("d/f{i}")), b"x").unwrap();
+    }
+    safs_control::trace_start(v.vol(), 10_000).unwrap();
+    for i in 0..FILES {
+        fs::remove_file(v.path(format!("d/f{i}"))).unwrap();
+    }
+    fs::remove_dir(v.path("d")).unwrap();
+    assert!(
+        wait_until(std::time::Duration::from_secs(10), || used() == before),
+        "inodes in use {} after the removes, {before} before",
+        used()
+    );
+    let trace = safs_control::trace_take(v.vol()).unwrap();
+    let count = |op| trace.iter().filter(|r| r.opcode == op).count();
+    let (single, batches) = (count(FORGET), count(BATCH_FORGET));
+    if queue_counts(&stats(&v)).is_some() {
+        assert!(batches >= 1, "no BATCH_FORGET: {single} FORGETs");
+        assert!(
+            single + batches < FILES / 2,
+            "{single} FORGETs and {batches} BATCH_FORGETs for {FILES} files"
+        );
+    }
+}

@@ -7,6 +7,7 @@ use std::io::{self, Read};
 use std::os::fd::AsFd;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 
 use super::conn::{Conn, write_message};
@@ -16,6 +17,11 @@ use super::{Handler, RawRequest, Reply, uring};
 const IN_HEADER_LEN: usize = 40;
 /// `FUSE_INIT`.
 const OP_INIT: u32 = 26;
+/// `FUSE_FORGET`, `FUSE_BATCH_FORGET`.
+const OP_FORGET: u32 = 2;
+const OP_BATCH_FORGET: u32 = 42;
+/// How long a reader beside io_uring gathers FORGETs (see `worker`).
+const FORGET_GATHER: std::time::Duration = std::time::Duration::from_millis(1);
 /// `FUSE_MAX_PAGES` in `fuse_init_out.flags`.
 const FLAG_MAX_PAGES: u32 = 1 << 22;
 /// The largest extended attribute value (`XATTR_SIZE_MAX`): a SETXATTR
@@ -31,7 +37,7 @@ const INIT_BUFFER: usize = 33 * 4096;
 /// How a session is served.
 #[derive(Clone, Default)]
 pub struct ServeOptions {
-    /// `/dev/fuse` reader threads (0 counts as 1).
+    /// `/dev/fuse` reader threads (0 counts as 1); one when io_uring serves.
     pub threads: usize,
     /// Entries per io_uring queue, when INIT enabled FUSE over io_uring.
     pub uring_depth: usize,
@@ -132,38 +138,20 @@ pub fn serve(
     let payload_size = outcome.payload_size();
     let buffer_size = payload_size + HEADROOM;
 
+    // Over io_uring one reader carries what the rings do not (FORGET,
+    // INTERRUPT) and gathers FORGETs (see `worker`); over /dev/fuse they
+    // carry everything.
     let threads = o.threads.max(1);
-    let mut workers = Vec::with_capacity(threads);
-    let mut cloning = true;
-    for i in 0..threads {
-        let file = if cloning {
-            match conn.clone_dev() {
-                Ok(f) => Arc::new(f),
-                Err(e) => {
-                    // Pre-4.5 kernels: every worker reads the session file.
-                    tracing::warn!(error = %e, "cannot clone /dev/fuse; workers share one file");
-                    cloning = false;
-                    Arc::clone(conn.file())
-                }
-            }
-        } else {
-            Arc::clone(conn.file())
-        };
-        let handler = Arc::clone(&handler);
-        let spawned = thread::Builder::new()
-            .name(format!("safs-fuse-{i}"))
-            .spawn(move || worker(file, handler, buffer_size));
-        match spawned {
-            Ok(w) => workers.push(w),
-            // Already-running workers serve until the unmount; with none,
-            // nothing would read the requests.
-            Err(e) if workers.is_empty() => return Err(e),
-            Err(e) => {
-                tracing::warn!(error = %e, started = i, "cannot start every FUSE worker");
-                break;
-            }
-        }
-    }
+    let gather = Arc::new(AtomicBool::new(false));
+    let mut workers = Workers {
+        conn,
+        handler: &handler,
+        buffer_size,
+        gather: &gather,
+        cloning: true,
+        running: Vec::with_capacity(threads),
+    };
+    workers.spawn(if outcome.uring { 1 } else { threads })?;
 
     let queues = if outcome.uring {
         match uring::start(
@@ -175,10 +163,12 @@ pub fn serve(
         ) {
             Ok(q) => {
                 o.status.set_uring(q.counters());
+                gather.store(true, Ordering::Relaxed);
                 Some(q)
             }
             Err(e) => {
                 tracing::warn!(error = %e, "FUSE over io_uring did not start; serving on /dev/fuse");
+                workers.spawn(threads - 1)?;
                 None
             }
         }
@@ -188,7 +178,7 @@ pub fn serve(
     started();
 
     let mut result = Ok(());
-    for w in workers {
+    for w in workers.running {
         let r = w
             .join()
             .unwrap_or_else(|_| Err(io::Error::other("a FUSE worker panicked")));
@@ -203,6 +193,56 @@ pub fn serve(
         q.join();
     }
     result
+}
+
+/// The `/dev/fuse` reader threads of a session.
+struct Workers<'a> {
+    conn: &'a Conn,
+    handler: &'a Arc<dyn Handler>,
+    buffer_size: usize,
+    gather: &'a Arc<AtomicBool>,
+    /// Each reads its own clone of the session file (while cloning works).
+    cloning: bool,
+    running: Vec<thread::JoinHandle<io::Result<()>>>,
+}
+
+impl Workers<'_> {
+    /// Starts `n` more readers. Fails only if none runs at all.
+    fn spawn(&mut self, n: usize) -> io::Result<()> {
+        for _ in 0..n {
+            let i = self.running.len();
+            let file = if self.cloning {
+                match self.conn.clone_dev() {
+                    Ok(f) => Arc::new(f),
+                    Err(e) => {
+                        // Pre-4.5 kernels: every worker reads the session file.
+                        tracing::warn!(error = %e, "cannot clone /dev/fuse; workers share one file");
+                        self.cloning = false;
+                        Arc::clone(self.conn.file())
+                    }
+                }
+            } else {
+                Arc::clone(self.conn.file())
+            };
+            let handler = Arc::clone(self.handler);
+            let gather = Arc::clone(self.gather);
+            let buffer_size = self.buffer_size;
+            let spawned = thread::Builder::new()
+                .name(format!("safs-fuse-{i}"))
+                .spawn(move || worker(file, handler, buffer_size, &gather));
+            match spawned {
+                Ok(w) => self.running.push(w),
+                // Already-running workers serve until the unmount; with none,
+                // nothing would read the requests.
+                Err(e) if self.running.is_empty() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(error = %e, started = i, "cannot start every FUSE worker");
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Reads INIT on the session file and answers it. `None`: the mount went
@@ -275,7 +315,20 @@ fn parse_header(req: &[u8]) -> Option<(u32, u64)> {
 }
 
 /// One worker: reads requests from `file` until the session ends.
-fn worker(file: Arc<File>, handler: Arc<dyn Handler>, buffer_size: usize) -> io::Result<()> {
+///
+/// With `gather` set (io_uring serves the rest), a worker that answered a
+/// FORGET pauses before it reads again: the kernel keeps the FORGETs that
+/// come meanwhile and hands them over as one BATCH_FORGET. Each unlinked
+/// file's FORGET otherwise woke this thread on the other CPU, an
+/// interprocessor wakeup and a state lock per file, beside the caller's
+/// chain of requests; nobody waits for a FORGET, and an INTERRUPT waits
+/// at most the pause.
+fn worker(
+    file: Arc<File>,
+    handler: Arc<dyn Handler>,
+    buffer_size: usize,
+    gather: &AtomicBool,
+) -> io::Result<()> {
     let mut buf = vec![0u8; buffer_size];
     while let Some(n) = read_request(&file, &mut buf)? {
         let arrived = super::trace::arrived();
@@ -298,6 +351,9 @@ fn worker(file: Arc<File>, handler: Arc<dyn Handler>, buffer_size: usize) -> io:
         // not the worker: the mount must keep being served.
         if catch_unwind(AssertUnwindSafe(|| handler.handle(raw, reply))).is_err() {
             tracing::error!(unique, "FUSE handler panicked");
+        }
+        if matches!(opcode, OP_FORGET | OP_BATCH_FORGET) && gather.load(Ordering::Relaxed) {
+            thread::sleep(FORGET_GATHER);
         }
     }
     Ok(())
