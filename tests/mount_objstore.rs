@@ -253,6 +253,40 @@ fn full_blocks_go_up_while_the_writer_writes_and_nothing_staged_is_left() {
     assert!(!out.stdout.contains("leftover"), "{}", out.stdout);
 }
 
+/// A file opened for writing again keeps its unchanged blocks: the
+/// stager, which sends full blocks while a writer writes, compares them
+/// with the file's map, which the last close let go — without it every
+/// block looked new, and an append to a large file sent it all again.
+#[test]
+fn appending_to_a_large_file_sends_only_what_changed() {
+    let url = bucket("append");
+    let v = volume(&url, &[]);
+    let store = client(&url);
+    let mut want = pattern(11, 12 * MIB + 100);
+    fs::write(v.path("log"), &want).unwrap();
+    // Three full blocks and the short last one.
+    expect_objects(&store, 4);
+    let before = objects(&store);
+    let uploaded = |v: &TestVolume| store_stats(v)["uploaded_blocks"].as_u64().unwrap();
+    let sent = uploaded(&v);
+
+    let mut f = OpenOptions::new().append(true).open(v.path("log")).unwrap();
+    f.write_all(b"one more line\n").unwrap();
+    want.extend_from_slice(b"one more line\n");
+    // Long enough for the stager to look at the file (every 20 ms).
+    std::thread::sleep(Duration::from_millis(300));
+    drop(f);
+    // The last block is new; the full ones are the objects they were.
+    let changed = wait_until(Duration::from_secs(20), || {
+        let now = objects(&store);
+        now.len() == 4 && now[3] != before[3]
+    });
+    assert!(changed, "{before:?} then {:?}", objects(&store));
+    assert_eq!(objects(&store)[..3], before[..3]);
+    assert_eq!(uploaded(&v) - sent, 1, "blocks sent for an append");
+    assert_eq!(fs::read(v.path("log")).unwrap(), want);
+}
+
 #[test]
 fn overwrites_truncates_and_removes_leave_no_object_behind() {
     let url = bucket("churn");

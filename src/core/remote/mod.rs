@@ -340,6 +340,21 @@ impl Remote {
                 if !writing.lock().contains(&ino) {
                     continue;
                 }
+                // A file opened for writing again has no map kept (the
+                // last close let it go): without it every full block
+                // would look new, and appending to a large file would
+                // send it all again.
+                if !maps.lock().contains_key(&ino) {
+                    match block_map_in(&meta, ino) {
+                        Ok(map) => {
+                            maps.lock().entry(ino).or_insert(map);
+                        }
+                        Err(e) => {
+                            tracing::debug!(ino, error = %e, "no block map: not staged");
+                            continue;
+                        }
+                    }
+                }
                 match stage(&store, &path, ino, &maps, &staged, &counters) {
                     Ok(sent) => {
                         let mut st = staged.lock();
@@ -1455,19 +1470,24 @@ impl Fs {
     /// `ino`'s block map: records of the blocks with data, and of the last
     /// block (where the file ends); a block without one is zeros.
     fn block_map(&self, ino: u64) -> Result<BTreeMap<u32, BlockRef>> {
-        let (start, end) = keys::ino_range(keys::P_BLOCK, ino);
-        let mut map = BTreeMap::new();
-        for (k, v) in self.store.scan(&start, &end, usize::MAX)? {
-            let idx = keys::key_block(&k).ok_or_else(|| {
-                CoreError::corrupt(&k, crate::format::FormatError::Malformed("short block key"))
-            })?;
-            map.insert(
-                idx,
-                BlockRef::decode(&k, &v).map_err(|e| CoreError::corrupt(&k, e))?,
-            );
-        }
-        Ok(map)
+        block_map_in(&self.store, ino)
     }
+}
+
+/// `ino`'s block map as the engine (and what waits to be committed) has it.
+fn block_map_in(store: &Store, ino: u64) -> Result<BTreeMap<u32, BlockRef>> {
+    let (start, end) = keys::ino_range(keys::P_BLOCK, ino);
+    let mut map = BTreeMap::new();
+    for (k, v) in store.scan(&start, &end, usize::MAX)? {
+        let idx = keys::key_block(&k).ok_or_else(|| {
+            CoreError::corrupt(&k, crate::format::FormatError::Malformed("short block key"))
+        })?;
+        map.insert(
+            idx,
+            BlockRef::decode(&k, &v).map_err(|e| CoreError::corrupt(&k, e))?,
+        );
+    }
+    Ok(map)
 }
 
 impl Drop for Remote {
