@@ -721,6 +721,57 @@ impl MetaRead for PgStore {
     }
 }
 
+impl PgStore {
+    /// Whether the leased commit of this batch on epoch `expect` is in the
+    /// database already: the epoch is one past it under the same claim,
+    /// that commit logged exactly these keys, and they hold what the batch
+    /// writes (its deletions gone). Another daemon that took the lease
+    /// meanwhile would have had to write the very same batch.
+    fn landed(
+        &self,
+        expect: i64,
+        token: i64,
+        logged: &[&[u8]],
+        gone: &[&[u8]],
+        keys: &[&[u8]],
+        values: &[&[u8]],
+    ) -> Result<bool, MetaError> {
+        self.with_conn(|c| {
+            let v = c
+                .client
+                .query_one("SELECT epoch, claim FROM safs_volume", &[])?;
+            if (v.get::<_, i64>(0), v.get::<_, i64>(1)) != (expect + 1, token) {
+                return Ok(false);
+            }
+            let Some(l) = c.client.query_opt(
+                "SELECT keys FROM safs_changes WHERE epoch = $1",
+                &[&(expect + 1)],
+            )?
+            else {
+                return Ok(false);
+            };
+            let mut theirs: Vec<Vec<u8>> = l.get(0);
+            let mut ours: Vec<Vec<u8>> = logged.iter().map(|k| k.to_vec()).collect();
+            theirs.sort_unstable();
+            ours.sort_unstable();
+            if theirs != ours {
+                return Ok(false);
+            }
+            let rows = c.client.query(
+                "SELECT k, v FROM safs_kv WHERE k = ANY($1::bytea[])",
+                &[&logged],
+            )?;
+            let held: BTreeMap<Vec<u8>, Vec<u8>> =
+                rows.into_iter().map(|r| (r.get(0), r.get(1))).collect();
+            Ok(gone.iter().all(|k| !held.contains_key(*k))
+                && keys
+                    .iter()
+                    .zip(values)
+                    .all(|(k, v)| held.get(*k).is_some_and(|h| h == v)))
+        })
+    }
+}
+
 impl MetaStore for PgStore {
     fn counters(&self) -> EngineCounters {
         self.tally.counters()
@@ -757,7 +808,9 @@ impl MetaStore for PgStore {
                 ));
             }
             let logged: Vec<&[u8]> = gone.iter().chain(keys.iter()).copied().collect();
+            let tries = std::cell::Cell::new(0u32);
             let row = self.with_conn(|c| {
+                tries.set(tries.get() + 1);
                 c.client.query_opt(
                     &c.leased_commit,
                     &[
@@ -774,6 +827,19 @@ impl MetaStore for PgStore {
             return match row {
                 Some(r) => {
                     j.epoch.store(r.get(0), Relaxed);
+                    Ok(())
+                }
+                // An earlier try committed and its answer was lost with the
+                // connection (the server went down in between): the retry
+                // finds the epoch moved by one — by this very batch.
+                None if tries.get() > 1
+                    && self.landed(expect, token, &logged, &gone, &keys, &values)? =>
+                {
+                    tracing::info!(
+                        epoch = expect + 1,
+                        "a commit whose answer was lost had landed"
+                    );
+                    j.epoch.store(expect + 1, Relaxed);
                     Ok(())
                 }
                 None => Err(MetaError::LeaseLost(
@@ -1648,6 +1714,40 @@ mod tests {
         drop(a);
         assert!(b.alone().unwrap());
         assert_eq!(b.sessions().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_leased_commit_whose_answer_was_lost_is_found_landed() {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = TempCluster::start(dir.path()).unwrap();
+        let info = cluster.conninfo("postgres");
+        drop(PgStore::create(&info, false).unwrap());
+        let a = PgStore::open(&info).unwrap();
+        assert!(a.join(&who(1)).unwrap());
+        assert_eq!(a.lease(0).unwrap().epoch, 0);
+        a.commit(&[(b"old".to_vec(), Some(b"x".to_vec()))]).unwrap();
+        a.commit(&[
+            (b"old".to_vec(), None),
+            (b"k".to_vec(), Some(b"v".to_vec())),
+        ])
+        .unwrap();
+        let token = a.token.load(Relaxed);
+        let landed = |expect: i64, gone: &[&[u8]], keys: &[&[u8]], values: &[&[u8]]| {
+            let logged: Vec<&[u8]> = gone.iter().chain(keys).copied().collect();
+            a.landed(expect, token, &logged, gone, keys, values)
+                .unwrap()
+        };
+        // The second commit (epoch 1 -> 2) is there, as its retry would see it.
+        assert!(landed(1, &[b"old"], &[b"k"], &[b"v"]));
+        // Not what another batch, another epoch or another claim left.
+        assert!(!landed(1, &[b"old"], &[b"k"], &[b"w"]));
+        assert!(!landed(1, &[], &[b"k"], &[b"v"]));
+        assert!(!landed(0, &[b"old"], &[b"k"], &[b"v"]));
+        assert!(
+            !a.landed(1, token + 1, &[b"old", b"k"], &[b"old"], &[b"k"], &[b"v"])
+                .unwrap()
+        );
+        a.release();
     }
 
     #[test]
