@@ -9,6 +9,7 @@ mod common;
 use std::fs;
 
 use common::*;
+use safs_control::trace_clock_ns as now_ns;
 
 /// The kernel's switch for FUSE over io_uring (`None`: no such support).
 fn uring_enabled() -> Option<bool> {
@@ -230,12 +231,6 @@ fn io_uring_queue_threads_let_their_callers_keep_their_cpu() {
             "{option}: {moved_hopping} of 300 requests counted as moved"
         );
     }
-}
-
-/// `CLOCK_MONOTONIC` in nanoseconds, the daemon's trace clock.
-fn now_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 /// The daemon's request trace (what the bench splits round trips with):

@@ -13,11 +13,12 @@ use std::ffi::CStr;
 use std::time::Instant;
 
 use rustix::io::Errno;
+use safs_control::trace_clock_ns as now_ns;
 
 use super::ops::{self, cpath, errno_name, na};
-use super::record::{Measurement, Rep, Unit};
+use super::record::{Rep, Unit};
 use super::target::Target;
-use super::{Ctx, Fail, PhaseSpec, Step, Timed, prepared};
+use super::{Ctx, Fail, PhaseSpec, Step, Timed, prepared, skipped};
 
 /// Calls traced for the round-trip rows.
 const TRACED: usize = 2_000;
@@ -98,17 +99,6 @@ pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
     let [a, b, c] = parts;
     s.done([m, a, b, c]);
     Ok(())
-}
-
-/// Marks `m` n/a as `because` is.
-fn skipped(m: &mut Measurement, because: &Measurement) {
-    m.error.clone_from(&because.error);
-}
-
-/// `CLOCK_MONOTONIC` in nanoseconds: the daemon's trace clock.
-fn now_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 /// [`TRACED`] absent-name `getxattr`s of `file` with the daemon's trace

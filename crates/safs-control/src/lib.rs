@@ -222,8 +222,16 @@ pub struct StoreReport {
     pub uploads_waiting: u64,
 }
 
+/// The trace's clock, `CLOCK_MONOTONIC` in nanoseconds: the same in the
+/// daemon and in whoever sets its own times beside a trace.
+pub fn trace_clock_ns() -> u64 {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .expect("CLOCK_MONOTONIC is always there");
+    t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
+}
+
 /// One request of a trace (`trace N`, then `trace`): when it reached the
-/// daemon and when its reply was handed back, `CLOCK_MONOTONIC` ns.
+/// daemon and when its reply was handed back ([`trace_clock_ns`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TraceRecord {
     pub unique: u64,

@@ -10,7 +10,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-pub use safs_control::TraceRecord;
+pub use safs_control::{TraceRecord, trace_clock_ns as now_ns};
 
 static ARMED: AtomicBool = AtomicBool::new(false);
 /// The most records kept (the buffer is reserved when armed).
@@ -19,12 +19,6 @@ static RECORDS: Mutex<Vec<TraceRecord>> = Mutex::new(Vec::new());
 
 /// The most records one trace may ask for.
 pub const MAX_RECORDS: usize = 1 << 20;
-
-/// `CLOCK_MONOTONIC` in nanoseconds.
-pub fn now_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
-}
 
 /// A request's arrival: the time when armed, else 0 (not traced).
 #[inline]
