@@ -375,9 +375,19 @@ impl Fs {
     }
 
     /// The data half of `fsync`: handle `fh`'s backing file made durable
-    /// (with its size and times unless `datasync`).
+    /// (with its size and times unless `datasync`), or, on a volume whose
+    /// contents are in an object store, the file's blocks put there.
     pub fn sync_data(&self, fh: Fh, datasync: bool) -> Result<()> {
         let h = self.handle(fh)?;
+        if self.remote.is_some() {
+            // In the store, and named by the batch the caller waits for.
+            // The backing file is a cache there: after a power cut its
+            // blocks are checked against the map's hashes (see
+            // `remote`), so writing it to the local disk as well bought
+            // nothing and cost a write of every byte before the upload.
+            self.upload(h.ino.0, super::remote::Upload::Sync)?;
+            return Ok(());
+        }
         if datasync {
             h.file.sync_data()?;
         } else {
@@ -385,8 +395,6 @@ impl Fs {
         }
         // The contents are of no use after a crash without their name.
         self.data.sync_name(h.ino.0)?;
-        // In the store, and named by the batch the caller waits for.
-        self.upload(h.ino.0, super::remote::Upload::Sync)?;
         Ok(())
     }
 

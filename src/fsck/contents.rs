@@ -76,12 +76,22 @@ impl Checker<'_> {
                 }
             }
         }
-        if crate::core::remote::marked_dirty(&self.backing_path(ino))? {
-            self.leftover(format!(
-                "file {ino}: its backing file holds changes not in the object store yet; \
-                 the next mount uploads them"
-            ));
-            return Ok(());
+        match crate::core::remote::dirty_mark(&self.backing_path(ino))? {
+            crate::core::remote::Dirty::Clean => {}
+            crate::core::remote::Dirty::Here => {
+                self.leftover(format!(
+                    "file {ino}: its backing file holds changes not in the object store yet; \
+                     the next mount uploads them"
+                ));
+                return Ok(());
+            }
+            crate::core::remote::Dirty::Lost => {
+                self.leftover(format!(
+                    "file {ino}: its backing file holds changes not synced before the machine \
+                     stopped; the next mount drops them (the file stays as last uploaded)"
+                ));
+                return Ok(());
+            }
         }
         let size = match &self.keys {
             Some(k) => k.blocks().layout().plain_size(len),

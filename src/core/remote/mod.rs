@@ -29,7 +29,13 @@
 //! - **A backing file that may hold what the store does not** carries the
 //!   `user.safs.dirty` mark from a writer's open until an upload covers
 //!   every change; the recovery after an unclean stop uploads the marked
-//!   ones. A backing file that matches a map carries that map's digest in
+//!   ones — if the mark names this boot. Backing files are never synced to
+//!   the local disk (`fsync` puts the blocks in the store instead), so one
+//!   marked in another boot (the machine stopped: a power cut, a crash)
+//!   may have lost bytes: its changes since its last upload are dropped,
+//!   never uploaded, and it is checked against its map at its next open.
+//!   What an `fsync` covered is in the store; what none did may be lost,
+//!   as on any filesystem. A backing file that matches a map carries that map's digest in
 //!   `user.safs.map`, so a later session need not read it to know — in
 //!   the same boot only: the mark names the boot it was set in, because
 //!   the backing file is not synced before it (a fetch would pay a write
@@ -780,7 +786,7 @@ impl Fs {
             return Ok(());
         };
         *r.changes.lock().entry(ino).or_default() += 1;
-        set_xattr(file, DIRTY, b"")?;
+        set_xattr(file, DIRTY, boot())?;
         r.current.lock().insert(ino);
         r.writing.lock().insert(ino);
         Ok(())
@@ -1161,10 +1167,14 @@ impl Fs {
                 let Some(ino) = super::volume::backing_ino(&e.file_name(), i) else {
                     continue;
                 };
-                if marked_dirty(&e.path())? {
-                    self.upload(ino, Upload::Recover)?;
-                    self.doom_unnamed(r, ino)?;
-                    done += 1;
+                match dirty_mark(&e.path())? {
+                    Dirty::Clean => {}
+                    Dirty::Here => {
+                        self.upload(ino, Upload::Recover)?;
+                        self.doom_unnamed(r, ino)?;
+                        done += 1;
+                    }
+                    Dirty::Lost => drop_unsynced(r, ino, &e.path())?,
                 }
                 // Empty ones (the pool's made-ahead files among them) take
                 // no space.
@@ -1503,15 +1513,53 @@ pub(crate) fn mark_dirty_at(path: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Whether the backing file at `path` carries the dirty mark (a missing
-/// one does not). A look at its xattr: no open, no read.
-pub(crate) fn marked_dirty(path: &Path) -> std::io::Result<bool> {
-    let mut buf = [0u8; 1];
+/// What a backing file's dirty mark says of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dirty {
+    /// No mark (or no backing file): the store holds what it holds.
+    Clean,
+    /// Changes the store lacks, from this boot (a daemon that stopped:
+    /// the page cache kept them), or unnamed (a volume moved into a store,
+    /// whose files were synced; or a mark made before marks named boots).
+    Here,
+    /// Marked in another boot: the machine stopped with the file open for
+    /// writing, and bytes never synced may be gone (see the module comment).
+    Lost,
+}
+
+/// The dirty mark of the backing file at `path`. A look at its xattr: no
+/// open, no read.
+pub(crate) fn dirty_mark(path: &Path) -> std::io::Result<Dirty> {
+    let mut buf = [0u8; 64];
     match rustix::fs::getxattr(path, DIRTY, &mut buf) {
-        Ok(_) => Ok(true),
-        Err(rustix::io::Errno::NODATA | rustix::io::Errno::NOENT) => Ok(false),
+        Ok(n) if n == 0 || buf[..n] == *boot() => Ok(Dirty::Here),
+        Ok(_) | Err(rustix::io::Errno::RANGE) => Ok(Dirty::Lost),
+        Err(rustix::io::Errno::NODATA | rustix::io::Errno::NOENT) => Ok(Dirty::Clean),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Whether the backing file at `path` carries a dirty mark of any boot.
+pub(crate) fn marked_dirty(path: &Path) -> std::io::Result<bool> {
+    Ok(dirty_mark(path)? != Dirty::Clean)
+}
+
+/// At mount, a backing file marked dirty in another boot (see [`Dirty::Lost`]):
+/// its changes since its last upload are dropped, not uploaded — what it
+/// holds may be torn, and what was synced is in the store. Its map mark goes
+/// first, so that its next open checks it against the map whatever happens
+/// between the two.
+fn drop_unsynced(r: &Remote, ino: u64, path: &Path) -> Result<()> {
+    let f = open_raw(path)?;
+    remove_xattr(&f, MAP)?;
+    remove_xattr(&f, DIRTY)?;
+    r.current.lock().remove(&ino);
+    tracing::warn!(
+        ino,
+        "changes to this file not synced before the machine stopped: dropped; \
+         it holds what its last upload put in the object store"
+    );
+    Ok(())
 }
 
 /// A block from the store checked against its record: a damaged or
@@ -1540,24 +1588,28 @@ fn map_len(map: &BTreeMap<u32, BlockRef>) -> u64 {
         .map_or(0, |(&idx, b)| u64::from(idx) * BLOCK + u64::from(b.len))
 }
 
+/// This boot's id, which map and dirty marks name (see the module comment).
+fn boot() -> &'static [u8] {
+    static BOOT: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    BOOT.get_or_init(|| {
+        std::fs::read("/proc/sys/kernel/random/boot_id")
+            .map(|b| b.trim_ascii().to_vec())
+            .unwrap_or_else(|e| {
+                // Then every mark is distrusted at the next mount instead.
+                tracing::warn!(error = %e, "no boot id: cached files are checked at each mount, and changes a stopped daemon left are dropped");
+                format!("pid {}", std::process::id()).into_bytes()
+            })
+    })
+}
+
 /// Bytes of a [`map_digest`].
 const DIGEST: usize = 16;
 
 /// The `user.safs.map` value of a backing file matching the map of
 /// `digest`: the digest, then this boot's id (see the module comment).
 fn map_mark(digest: &[u8; DIGEST]) -> Vec<u8> {
-    static BOOT: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
-    let boot = BOOT.get_or_init(|| {
-        std::fs::read("/proc/sys/kernel/random/boot_id")
-            .map(|b| b.trim_ascii().to_vec())
-            .unwrap_or_else(|e| {
-                // Then every mark is distrusted at the next mount instead.
-                tracing::warn!(error = %e, "no boot id: cached files are checked at each mount");
-                format!("pid {}", std::process::id()).into_bytes()
-            })
-    });
     let mut mark = digest.to_vec();
-    mark.extend_from_slice(boot);
+    mark.extend_from_slice(boot());
     mark
 }
 
