@@ -28,8 +28,17 @@ pub enum Kind {
     DataStore = 12,
 }
 
-/// Current payload version of every kind.
+/// Current payload version of every kind but those [`newest`] names.
 pub const PAYLOAD_VERSION: u8 = 1;
+
+/// The newest payload version of `kind` this build reads.
+fn newest(kind: Kind) -> u8 {
+    match kind {
+        // 2: the block's hash is BLAKE3's, not SHA-256's.
+        Kind::BlockRef => 2,
+        _ => PAYLOAD_VERSION,
+    }
+}
 const HEADER: usize = 2;
 const TRAILER: usize = 4;
 
@@ -64,9 +73,21 @@ pub fn seal(key: &[u8], kind: Kind, payload: &[u8]) -> Vec<u8> {
 /// [`seal`] of the payload `write` appends (about `len` bytes), encoded in
 /// place: no copy of a large payload.
 pub fn seal_with(key: &[u8], kind: Kind, len: usize, write: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    seal_version(key, kind, PAYLOAD_VERSION, len, write)
+}
+
+/// [`seal_with`] in payload version `version` of `kind`'s layout.
+pub fn seal_version(
+    key: &[u8],
+    kind: Kind,
+    version: u8,
+    len: usize,
+    write: impl FnOnce(&mut Vec<u8>),
+) -> Vec<u8> {
+    debug_assert!((1..=newest(kind)).contains(&version));
     let mut out = Vec::with_capacity(HEADER + len + TRAILER);
     out.push(kind as u8);
-    out.push(PAYLOAD_VERSION);
+    out.push(version);
     write(&mut out);
     let crc = checksum(key, &out[..HEADER], &out[HEADER..]);
     out.extend_from_slice(&crc.to_be_bytes());
@@ -75,6 +96,15 @@ pub fn seal_with(key: &[u8], kind: Kind, len: usize, write: impl FnOnce(&mut Vec
 
 /// Checks the envelope of a record read under `key` and returns its payload.
 pub fn open<'a>(key: &[u8], kind: Kind, record: &'a [u8]) -> Result<&'a [u8], FormatError> {
+    open_version(key, kind, record).map(|(_, p)| p)
+}
+
+/// [`open`], with the payload's layout version.
+pub fn open_version<'a>(
+    key: &[u8],
+    kind: Kind,
+    record: &'a [u8],
+) -> Result<(u8, &'a [u8]), FormatError> {
     if record.len() < HEADER + TRAILER {
         return Err(FormatError::Truncated(record.len()));
     }
@@ -90,10 +120,10 @@ pub fn open<'a>(key: &[u8], kind: Kind, record: &'a [u8]) -> Result<&'a [u8], Fo
             wanted: kind as u8,
         });
     }
-    if body[1] > PAYLOAD_VERSION {
+    if body[1] > newest(kind) {
         return Err(FormatError::NewerVersion(body[1]));
     }
-    Ok(&body[HEADER..])
+    Ok((body[1], &body[HEADER..]))
 }
 
 /// A bounds-checked big-endian reader over a payload.

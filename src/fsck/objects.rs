@@ -25,6 +25,7 @@ struct Named {
     block: u32,
     len: u32,
     hash: [u8; 16],
+    kind: blocks::Hash,
 }
 
 /// Connects to the store the volume's `U` record names, with this
@@ -114,6 +115,7 @@ impl Checker<'_> {
                         block,
                         len: b.len,
                         hash: b.hash,
+                        kind: b.kind,
                     },
                 );
             }
@@ -194,13 +196,17 @@ impl Checker<'_> {
         let total = keys.len() as u64;
         let mut damaged = Vec::new();
         // Hashed on the client's threads; each verdict comes back here.
-        let expect: Arc<Vec<(u32, [u8; 16])>> =
-            Arc::new(present.iter().map(|(_, n)| (n.len, n.hash)).collect());
+        let expect: Arc<Vec<(u32, [u8; 16], blocks::Hash)>> = Arc::new(
+            present
+                .iter()
+                .map(|(_, n)| (n.len, n.hash, n.kind))
+                .collect(),
+        );
         let read = store.get_each(
             &keys,
             move |i, data| {
-                let (len, hash) = expect[i];
-                Ok(data.len() != len as usize || blocks::hash(&data) != hash)
+                let (len, hash, kind) = expect[i];
+                Ok(data.len() != len as usize || kind.of(&data) != hash)
             },
             |i, bad| {
                 if bad {
@@ -254,6 +260,6 @@ impl Checker<'_> {
         let f = File::open(self.backing_path(n.ino)).ok()?;
         let mut buf = vec![0u8; n.len as usize];
         f.read_exact_at(&mut buf, u64::from(n.block) * BLOCK).ok()?;
-        (blocks::hash(&buf) == n.hash).then_some(buf)
+        (n.kind.of(&buf) == n.hash).then_some(buf)
     }
 }

@@ -450,7 +450,7 @@ fn stage(
             .lock()
             .get(&ino)
             .and_then(|m| m.get(&idx))
-            .is_some_and(|o| o.hash == hash && u64::from(o.len) == BLOCK && o.has_object());
+            .is_some_and(|o| o.has_object() && o.holds_hashed(&buf, &hash));
         if same {
             continue;
         }
@@ -719,9 +719,7 @@ impl Fs {
                     // A hole here (a lost cache): nothing to compare.
                     if data_in(&f, off, n)? {
                         buf.resize(n as usize, 0);
-                        if read_up_to(&f, &mut buf, off)? == buf.len()
-                            && blocks::hash(&buf) == b.hash
-                        {
+                        if read_up_to(&f, &mut buf, off)? == buf.len() && b.holds(&buf) {
                             continue;
                         }
                     }
@@ -924,7 +922,7 @@ impl Fs {
             }
             let hash = blocks::hash(&buf);
             match old.get(&idx) {
-                Some(o) if o.hash == hash && o.len as usize == n && !o.is_zero() => {
+                Some(o) if !o.is_zero() && o.holds_hashed(&buf[..n], &hash) => {
                     map.insert(idx, o.clone());
                 }
                 // A small file: its bytes go in the record.
@@ -935,6 +933,7 @@ impl Fs {
                             generation: blocks::INLINE,
                             len: n as u32,
                             hash,
+                            kind: blocks::HASH,
                             data: Some(buf[..n].into()),
                         },
                     );
@@ -948,6 +947,7 @@ impl Fs {
                             generation: s.generation,
                             len: n as u32,
                             hash,
+                            kind: blocks::HASH,
                             data: None,
                         },
                     );
@@ -961,6 +961,7 @@ impl Fs {
                             generation,
                             len: n as u32,
                             hash,
+                            kind: blocks::HASH,
                             data: None,
                         },
                     );
@@ -982,6 +983,7 @@ impl Fs {
                 generation: 0,
                 len: n as u32,
                 hash: [0; 16],
+                kind: blocks::HASH,
                 data: None,
             });
         }
@@ -1565,7 +1567,7 @@ fn drop_unsynced(r: &Remote, ino: u64, path: &Path) -> Result<()> {
 /// A block from the store checked against its record: a damaged or
 /// foreign object is never served.
 fn check_block(ino: u64, block: u32, b: &BlockRef, data: &[u8]) -> Result<()> {
-    if data.len() != b.len as usize || blocks::hash(data) != b.hash {
+    if !b.holds(data) {
         tracing::error!(
             ino,
             block,
@@ -1621,7 +1623,9 @@ fn map_digest(map: &BTreeMap<u32, BlockRef>) -> [u8; DIGEST] {
         all.extend_from_slice(&b.len.to_be_bytes());
         all.extend_from_slice(&b.hash);
     }
-    blocks::hash(&all)
+    // Not the blocks' hash: SHA-256 as ever, so that the marks cached
+    // files carry stay valid (a map's few bytes are no cost).
+    blocks::Hash::Sha256.of(&all)
 }
 
 /// (block, offset, length) of every block of `len` bytes.
