@@ -52,10 +52,11 @@ pub enum Test {
     T10,
     T11,
     T12,
+    T13,
 }
 
 impl Test {
-    pub const ALL: [Test; 12] = [
+    pub const ALL: [Test; 13] = [
         Test::T1,
         Test::T2,
         Test::T3,
@@ -68,6 +69,7 @@ impl Test {
         Test::T10,
         Test::T11,
         Test::T12,
+        Test::T13,
     ];
 
     /// One line saying what the table measures.
@@ -97,6 +99,7 @@ impl Test {
             Test::T12 => {
                 "metadata operations from 1, 2, 4, 8 threads at once, private and shared directories (mdtest-style)"
             }
+            Test::T13 => "a git clone into a directory with POSIX ACLs: checkout, status, read",
         }
     }
 }
@@ -123,7 +126,8 @@ impl FromStr for Test {
             "10" => Ok(Test::T10),
             "11" => Ok(Test::T11),
             "12" => Ok(Test::T12),
-            _ => Err(format!("unknown test '{t}' (T1 … T12)")),
+            "13" => Ok(Test::T13),
+            _ => Err(format!("unknown test '{t}' (T1 … T13)")),
         }
     }
 }
@@ -334,6 +338,8 @@ pub struct Sizes {
     pub t12_threads: Vec<usize>,
     /// T12: files per thread count and layout, shared among the threads.
     pub t12_files: usize,
+    /// T13: entries (files, directories, symlinks) of the cloned tree.
+    pub t13_entries: usize,
     /// `--setup`: size of the ext4 and xfs images (sparse files).
     pub image_bytes: u64,
     /// `--setup`: size limit of the tmpfs.
@@ -371,6 +377,7 @@ impl Sizes {
             t11_calls: if full { 100_000 } else { 20_000 },
             t12_threads: vec![1, 2, 4, 8],
             t12_files: if full { 40_000 } else { 8_000 },
+            t13_entries: if full { 50_000 } else { 10_000 },
             // T1 at 64 KiB × F is the largest user: 0.66 GB small, 6.6 GB full.
             image_bytes: if full { 24 << 30 } else { 4 << 30 },
             tmpfs_bytes: if full { 12 << 30 } else { 4 << 30 },
@@ -566,7 +573,14 @@ mod tests {
                 .collect::<Vec<_>>(),
             [Test::T2, Test::T11, Test::T12]
         );
-        assert!(parse_only("T13").is_err());
+        assert_eq!(
+            parse_only("T13,T1")
+                .unwrap()
+                .into_iter()
+                .collect::<Vec<_>>(),
+            [Test::T1, Test::T13]
+        );
+        assert!(parse_only("T14").is_err());
         assert!(parse_only(",").is_err());
     }
 

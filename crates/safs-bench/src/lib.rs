@@ -52,6 +52,7 @@ mod t1;
 mod t10;
 mod t11;
 mod t12;
+mod t13;
 mod t2;
 mod t3;
 pub mod t4;
@@ -610,6 +611,7 @@ pub fn run(cfg: Config) -> anyhow::Result<PathBuf> {
                 Test::T10 => t10::run(&mut step),
                 Test::T11 => t11::run(&mut step),
                 Test::T12 => t12::run(&mut step),
+                Test::T13 => t13::run(&mut step),
             };
             progress.step_done();
             ops::remove_tree(&ctx, &dir);

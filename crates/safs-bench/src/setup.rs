@@ -726,7 +726,9 @@ impl Setup {
             );
             run_cmd(
                 Command::new(&juicefs)
-                    .args(["format", "--storage", "s3", "--bucket"])
+                    // ACLs for T13 (a clone into a directory with
+                    // them); nothing else changes for inodes without.
+                    .args(["format", "--enable-acl", "--storage", "s3", "--bucket"])
                     .arg(format!("{endpoint}/juicefs"))
                     .args([
                         "--access-key",
@@ -754,7 +756,7 @@ impl Setup {
                     cache_dir: j.cache_dir,
                 },
                 about: Some(format!(
-                    "{}, default settings, --enable-xattr; metadata in {version}, contents in {stores}",
+                    "{}, default settings, --enable-xattr, --enable-acl; metadata in {version}, contents in {stores}",
                     juicefs_version(&juicefs).unwrap_or_else(|| "JuiceFS".into())
                 )),
             });

@@ -547,6 +547,15 @@ fn sizes_line(test: Test, z: &crate::config::Sizes) -> String {
              Operations per second of all threads together.",
             z.t12_files
         ),
+        Test::T13 => format!(
+            "T2's tree at {} entries (files cut at 16 KiB), made below a directory with an \
+             access and a default ACL, which every entry inherits: `checkout` makes each \
+             entry (mkdir; create, write, close; symlink) and lstats it, µs per entry; \
+             `status cold` lstats every path after making the target cold, µs per entry; \
+             `read cold` opens, reads and closes every file after making the target cold, µs \
+             per file. n/a where the target keeps no POSIX ACLs.",
+            z.t13_entries
+        ),
     }
 }
 

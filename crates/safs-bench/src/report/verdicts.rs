@@ -315,11 +315,11 @@ pub fn checks(r: &Results) -> Vec<Check> {
                         add("T9: requests per 4 KiB write", txt, Verdict::Info);
                     }
                 }
-                Test::T6 | Test::T7 => {
-                    let case = if test == Test::T6 {
-                        "read hot"
-                    } else {
-                        "getxattr absent"
+                Test::T6 | Test::T7 | Test::T13 => {
+                    let case = match test {
+                        Test::T6 => "read hot",
+                        Test::T7 => "getxattr absent",
+                        _ => "status cold",
                     };
                     if let Some((_, txt)) = max_req(&tb, case) {
                         add(&format!("{test}: {case} requests"), txt, Verdict::Info);
@@ -372,7 +372,7 @@ fn flat(tb: &Table<'_>, test: Test, l: &str, add: &mut dyn FnMut(&str, String, V
 /// docs/object-store.md sets the targets: T9's sequential write and cold
 /// read at least JuiceFS's and its hot read ≥ 0.8× the baseline's; T6's
 /// small files (create+write, read cold) ≥ 2× JuiceFS's rate; every row of
-/// T1 and T5 ≥ 5× (the worst row is shown).
+/// T1, T5 and T13 (the `git clone` with ACLs) ≥ 5× (the worst row is shown).
 fn beside_juicefs(r: &Results) -> Vec<Check> {
     const S3: &str = "safs-s3";
     const J: &str = "juicefs";
@@ -420,7 +420,7 @@ fn beside_juicefs(r: &Results) -> Vec<Check> {
             None => add(what, "n/a".into(), Verdict::Missed),
         }
     }
-    for test in [Test::T1, Test::T5] {
+    for test in [Test::T1, Test::T5, Test::T13] {
         let tb = table(r, test);
         let worst = tb
             .rows
