@@ -35,12 +35,12 @@
 //!   may have lost bytes: its changes since its last upload are dropped,
 //!   never uploaded, and it is checked against its map at its next open.
 //!   What an `fsync` covered is in the store; what none did may be lost,
-//!   as on any filesystem. A backing file that matches a map carries that map's digest in
-//!   `user.safs.map`, so a later session need not read it to know — in
-//!   the same boot only: the mark names the boot it was set in, because
-//!   the backing file is not synced before it (a fetch would pay a write
-//!   of every byte to the disk), and a power cut can lose bytes whose mark
-//!   survived. After a reboot the first open of a cached file compares
+//!   as on any filesystem. A backing file that matches a map carries that
+//!   map's digest in `user.safs.map`, so a later session need not read it
+//!   to know — in the same boot only: the mark names the boot it was set
+//!   in, because the backing file is not synced before it (a fetch would
+//!   pay a write of every byte to the disk), and a power cut can lose
+//!   bytes whose mark survived. After a reboot the first open of a cached file compares
 //!   its blocks with the map's hashes instead and fetches what differs.
 //! - **Objects no record names** (a block replaced, a file truncated or
 //!   freed) are queued (`Q` records, in the batch that drops them) and
