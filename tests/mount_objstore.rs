@@ -443,6 +443,57 @@ fn after_a_power_cut_what_fsync_covered_is_read_and_unsynced_changes_are_dropped
 }
 
 #[test]
+fn a_writers_truncate_not_uploaded_when_the_machine_stopped_is_dropped_with_its_writes() {
+    let url = bucket("powercut-trunc");
+    let mut v = volume(&url, &[]);
+    let old = pattern(8, 6 * MIB);
+    fs::write(v.path("f"), &old).unwrap();
+    // Its upload done (the close's runs after `close` returns).
+    v.unmount();
+    v.mount();
+    // Cut by the writer that has it open: the size 0 is committed (made
+    // durable here) apart from the map, which the writer's close would
+    // have uploaded; the new bytes are never uploaded.
+    let mut f = OpenOptions::new().write(true).open(v.path("f")).unwrap();
+    f.set_len(0).unwrap();
+    f.write_all(b"new contents, never synced").unwrap();
+    File::open(v.mnt()).unwrap().sync_all().unwrap();
+    let ino = std::os::unix::fs::MetadataExt::ino(&f.metadata().unwrap());
+    let pid = daemon_pid(v.vol());
+    kill(pid, Signal::SIGKILL).unwrap();
+    v.unmount_after_crash();
+    drop(f);
+    let backing = v
+        .vol()
+        .join("data")
+        .join(format!("{:02x}", ino & 0xff))
+        .join(format!("{ino:016x}"));
+    setxattr(
+        &backing,
+        "user.safs.dirty",
+        b"00000000-0000-0000-0000-000000000000",
+        0,
+    )
+    .unwrap();
+    // The size goes with the map: the file is as its last upload left
+    // it, whole, and fsck finds its size and blocks in agreement.
+    let out = safs(["fsck", s(v.vol())]);
+    out.assert_success("fsck after the power cut");
+    assert!(
+        out.stdout.contains("not synced before the machine stopped"),
+        "{}",
+        out.stdout
+    );
+    v.mount();
+    assert_eq!(fs::metadata(v.path("f")).unwrap().len(), old.len() as u64);
+    assert_eq!(fs::read(v.path("f")).unwrap(), old);
+    v.unmount();
+    let out = safs(["fsck", s(v.vol())]);
+    out.assert_success("fsck after the next mount");
+    assert!(!out.stdout.contains("size"), "{}", out.stdout);
+}
+
+#[test]
 fn a_killed_daemons_unsynced_writes_are_uploaded_at_the_next_mount() {
     let url = bucket("unsynced");
     let mut v = volume(&url, &[]);

@@ -1176,7 +1176,7 @@ impl Fs {
                         self.doom_unnamed(r, ino)?;
                         done += 1;
                     }
-                    Dirty::Lost => drop_unsynced(r, ino, &e.path())?,
+                    Dirty::Lost => self.drop_unsynced(r, ino, &e.path())?,
                 }
                 // Empty ones (the pool's made-ahead files among them) take
                 // no space.
@@ -1196,6 +1196,46 @@ impl Fs {
         }
         self.trim_cache();
         Ok(done)
+    }
+
+    /// At mount, a backing file marked dirty in another boot (see
+    /// [`Dirty::Lost`]): its changes since its last upload are dropped, not
+    /// uploaded — what it holds may be torn, and what was synced is in the
+    /// store. The record's size goes with the map, so a truncate committed
+    /// meanwhile (an open with `O_TRUNC`) is dropped too; then the marks go,
+    /// the map's first, so that its next open checks it against the map
+    /// whatever happens between the two (a stop before that finds it again).
+    fn drop_unsynced(&self, r: &Remote, ino: u64, path: &Path) -> Result<()> {
+        let map = self.block_map(ino)?;
+        let size = self.data.plain_size(map_len(&map));
+        let seq = {
+            let _t = self.writable()?;
+            let mut st = self.state.lock();
+            match self.load_opt(&mut st, ino)? {
+                Some(c) if c.inode.size != size => {
+                    let mut inode = c.inode.clone();
+                    inode.size = size;
+                    inode.blocks = map_len(&map).div_ceil(512);
+                    let mut w = Vec::new();
+                    self.put_inode(&mut st, &mut w, ino, inode);
+                    self.store.apply(w)
+                }
+                _ => 0,
+            }
+        };
+        if seq > 0 {
+            self.store.wait_durable(seq)?;
+        }
+        let f = open_raw(path)?;
+        remove_xattr(&f, MAP)?;
+        remove_xattr(&f, DIRTY)?;
+        r.current.lock().remove(&ino);
+        tracing::warn!(
+            ino,
+            "changes to this file not synced before the machine stopped: dropped; \
+             it holds what its last upload put in the object store"
+        );
+        Ok(())
     }
 
     /// After the recovery of a file a stopped daemon left dirty: the
@@ -1544,24 +1584,6 @@ pub(crate) fn dirty_mark(path: &Path) -> std::io::Result<Dirty> {
 /// Whether the backing file at `path` carries a dirty mark of any boot.
 pub(crate) fn marked_dirty(path: &Path) -> std::io::Result<bool> {
     Ok(dirty_mark(path)? != Dirty::Clean)
-}
-
-/// At mount, a backing file marked dirty in another boot (see [`Dirty::Lost`]):
-/// its changes since its last upload are dropped, not uploaded — what it
-/// holds may be torn, and what was synced is in the store. Its map mark goes
-/// first, so that its next open checks it against the map whatever happens
-/// between the two.
-fn drop_unsynced(r: &Remote, ino: u64, path: &Path) -> Result<()> {
-    let f = open_raw(path)?;
-    remove_xattr(&f, MAP)?;
-    remove_xattr(&f, DIRTY)?;
-    r.current.lock().remove(&ino);
-    tracing::warn!(
-        ino,
-        "changes to this file not synced before the machine stopped: dropped; \
-         it holds what its last upload put in the object store"
-    );
-    Ok(())
 }
 
 /// A block from the store checked against its record: a damaged or
