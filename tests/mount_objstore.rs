@@ -102,6 +102,31 @@ fn volume(url: &str, extra: &[&str]) -> TestVolume {
     v
 }
 
+/// The backing file of inode `ino` in `v`'s cache.
+fn backing_file(v: &TestVolume, ino: u64) -> std::path::PathBuf {
+    v.vol()
+        .join("data")
+        .join(format!("{:02x}", ino & 0xff))
+        .join(format!("{ino:016x}"))
+}
+
+/// A boot id that is not this boot's.
+const ANOTHER_BOOT: &[u8] = b"00000000-0000-0000-0000-000000000000";
+
+/// Gives `backing` the dirty mark of another boot (the machine stopped
+/// with its file open for writing), and checks that fsck says what the
+/// next mount will do with it.
+fn dirty_in_another_boot(v: &TestVolume, backing: &std::path::Path) {
+    setxattr(backing, "user.safs.dirty", ANOTHER_BOOT, 0).unwrap();
+    let out = safs(["fsck", s(v.vol())]);
+    out.assert_success("fsck after the machine stopped");
+    assert!(
+        out.stdout.contains("not synced before the machine stopped"),
+        "{}",
+        out.stdout
+    );
+}
+
 #[test]
 fn a_cached_file_marked_in_another_boot_is_checked_against_its_map() {
     let url = bucket("reboot");
@@ -110,11 +135,7 @@ fn a_cached_file_marked_in_another_boot_is_checked_against_its_map() {
     fs::write(v.path("f"), &data).unwrap();
     let ino = std::os::unix::fs::MetadataExt::ino(&fs::metadata(v.path("f")).unwrap());
     v.unmount();
-    let backing = v
-        .vol()
-        .join("data")
-        .join(format!("{:02x}", ino & 0xff))
-        .join(format!("{ino:016x}"));
+    let backing = backing_file(&v, ino);
     let mark = getxattr(&backing, "user.safs.map").unwrap();
     assert!(mark.len() > 16, "the mark names its boot: {mark:?}");
     // What a power cut can leave: bytes never synced lost (zeros here, in
@@ -125,7 +146,7 @@ fn a_cached_file_marked_in_another_boot_is_checked_against_its_map() {
         .unwrap();
     drop(f);
     let mut stale = mark[..16].to_vec();
-    stale.extend_from_slice(b"00000000-0000-0000-0000-000000000000");
+    stale.extend_from_slice(ANOTHER_BOOT);
     setxattr(&backing, "user.safs.map", &stale, 0).unwrap();
     v.mount();
     assert_eq!(fs::read(v.path("f")).unwrap(), data);
@@ -401,11 +422,7 @@ fn after_a_power_cut_what_fsync_covered_is_read_and_unsynced_changes_are_dropped
     kill(pid, Signal::SIGKILL).unwrap();
     v.unmount_after_crash();
     drop(f);
-    let backing = v
-        .vol()
-        .join("data")
-        .join(format!("{:02x}", ino & 0xff))
-        .join(format!("{ino:016x}"));
+    let backing = backing_file(&v, ino);
     // What the machine stopping can leave: a backing file the fsync never
     // wrote to the disk (bytes lost: zeros here), its dirty mark kept —
     // from a boot that is not this one.
@@ -414,20 +431,7 @@ fn after_a_power_cut_what_fsync_covered_is_read_and_unsynced_changes_are_dropped
     let b = OpenOptions::new().write(true).open(&backing).unwrap();
     b.write_all_at(&vec![0; 3 * MIB], MIB as u64).unwrap();
     drop(b);
-    setxattr(
-        &backing,
-        "user.safs.dirty",
-        b"00000000-0000-0000-0000-000000000000",
-        0,
-    )
-    .unwrap();
-    let out = safs(["fsck", s(v.vol())]);
-    out.assert_success("fsck after the power cut");
-    assert!(
-        out.stdout.contains("not synced before the machine stopped"),
-        "{}",
-        out.stdout
-    );
+    dirty_in_another_boot(&v, &backing);
     // The torn backing file is not uploaded over what the fsync put in
     // the store: the file reads as the fsync left it.
     v.mount();
@@ -463,27 +467,10 @@ fn a_writers_truncate_not_uploaded_when_the_machine_stopped_is_dropped_with_its_
     kill(pid, Signal::SIGKILL).unwrap();
     v.unmount_after_crash();
     drop(f);
-    let backing = v
-        .vol()
-        .join("data")
-        .join(format!("{:02x}", ino & 0xff))
-        .join(format!("{ino:016x}"));
-    setxattr(
-        &backing,
-        "user.safs.dirty",
-        b"00000000-0000-0000-0000-000000000000",
-        0,
-    )
-    .unwrap();
+    let backing = backing_file(&v, ino);
+    dirty_in_another_boot(&v, &backing);
     // The size goes with the map: the file is as its last upload left
     // it, whole, and fsck finds its size and blocks in agreement.
-    let out = safs(["fsck", s(v.vol())]);
-    out.assert_success("fsck after the power cut");
-    assert!(
-        out.stdout.contains("not synced before the machine stopped"),
-        "{}",
-        out.stdout
-    );
     v.mount();
     assert_eq!(fs::metadata(v.path("f")).unwrap().len(), old.len() as u64);
     assert_eq!(fs::read(v.path("f")).unwrap(), old);

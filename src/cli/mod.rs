@@ -55,7 +55,7 @@ pub enum Command {
     /// A live view of a mounted safs: requests per second and their mean
     /// time per operation, engine reads and commits, caches, memory.
     Stats(stats::StatsArgs),
-    /// Measure safs beside other filesystems: the tables T1–T12 of
+    /// Measure safs beside other filesystems: the tables T1–T13 of
     /// docs/benchmarks.md, with FUSE requests per operation (see --setup).
     Bench(bench::BenchArgs),
     /// Convert an unmounted volume's metadata to the schema this safs
