@@ -102,6 +102,12 @@ fn volume(url: &str, extra: &[&str]) -> TestVolume {
     v
 }
 
+/// Kills `v`'s daemon with SIGKILL and clears its dead mount.
+fn kill_9(v: &mut TestVolume) {
+    kill(daemon_pid(v.vol()), Signal::SIGKILL).unwrap();
+    v.unmount_after_crash();
+}
+
 /// The backing file of inode `ino` in `v`'s cache.
 fn backing_file(v: &TestVolume, ino: u64) -> std::path::PathBuf {
     v.vol()
@@ -367,9 +373,7 @@ fn a_file_removed_just_before_a_kill_has_its_objects_deleted_by_the_next_mount()
     assert_eq!(objects(&store).len(), 2);
     fs::remove_file(v.path("f")).unwrap();
     File::open(v.mnt()).unwrap().sync_all().unwrap();
-    let pid = daemon_pid(v.vol());
-    kill(pid, Signal::SIGKILL).unwrap();
-    v.unmount_after_crash();
+    kill_9(&mut v);
     // Deleted or still queued, the freed file's blocks are no finding.
     let out = safs(["fsck", s(v.vol())]);
     out.assert_success("fsck with a freed file's blocks queued");
@@ -396,9 +400,7 @@ fn fsync_puts_contents_in_the_store_before_a_kill() {
     f.write_all(&data).unwrap();
     f.sync_all().unwrap();
     // Killed with the file still open: no close uploads it.
-    let pid = daemon_pid(v.vol());
-    kill(pid, Signal::SIGKILL).unwrap();
-    v.unmount_after_crash();
+    kill_9(&mut v);
     drop(f);
     lose_cache(&v);
     let out = safs(["fsck", s(v.vol())]);
@@ -418,9 +420,7 @@ fn after_a_power_cut_what_fsync_covered_is_read_and_unsynced_changes_are_dropped
     // Written after the fsync, never synced.
     f.write_all_at(b"after the fsync", 100).unwrap();
     let ino = std::os::unix::fs::MetadataExt::ino(&f.metadata().unwrap());
-    let pid = daemon_pid(v.vol());
-    kill(pid, Signal::SIGKILL).unwrap();
-    v.unmount_after_crash();
+    kill_9(&mut v);
     drop(f);
     let backing = backing_file(&v, ino);
     // What the machine stopping can leave: a backing file the fsync never
@@ -463,9 +463,7 @@ fn a_writers_truncate_not_uploaded_when_the_machine_stopped_is_dropped_with_its_
     f.write_all(b"new contents, never synced").unwrap();
     File::open(v.mnt()).unwrap().sync_all().unwrap();
     let ino = std::os::unix::fs::MetadataExt::ino(&f.metadata().unwrap());
-    let pid = daemon_pid(v.vol());
-    kill(pid, Signal::SIGKILL).unwrap();
-    v.unmount_after_crash();
+    kill_9(&mut v);
     drop(f);
     let backing = backing_file(&v, ino);
     dirty_in_another_boot(&v, &backing);
@@ -493,9 +491,7 @@ fn a_killed_daemons_unsynced_writes_are_uploaded_at_the_next_mount() {
     // The stager has sent the first block (full, behind the end).
     let store = client(&url);
     assert!(wait_until(Duration::from_secs(10), || !objects(&store).is_empty()));
-    let pid = daemon_pid(v.vol());
-    kill(pid, Signal::SIGKILL).unwrap();
-    v.unmount_after_crash();
+    kill_9(&mut v);
     drop(f);
     let out = safs(["fsck", s(v.vol())]);
     out.assert_success("fsck after the kill");
