@@ -520,6 +520,62 @@ fn setid_bits_set_while_another_process_writes_do_not_stay_under_passthrough() {
     assert_eq!(perm(&f), 0o777);
 }
 
+/// A writer that closed the file and exited writes no more: a chmod that
+/// sets set-id bits right after keeps them, though the writer's RELEASE
+/// (sent by the kernel after its close returned) may reach the daemon
+/// after the chmod (`cp f g && chmod u+s g`). Without the daemon waiting
+/// for it, some rounds lose the bits.
+#[test]
+fn setid_bits_set_right_after_another_writer_exits_stay() {
+    let u = users();
+    let (_v, f) = volume_with_file("passthrough", 0o666);
+    for round in 0..100 {
+        as_user(&u.u1, || {
+            let file = OpenOptions::new().write(true).open(&f).errno()?;
+            file.write_all_at(b"u1", 0).errno()?;
+            // Closed by the exit, the last thing before the wait returns.
+            std::mem::forget(file);
+            Ok(())
+        })
+        .unwrap();
+        chmod(&f, 0o4777);
+        assert_eq!(perm(&f), 0o4777, "round {round}");
+        chmod(&f, 0o666);
+    }
+}
+
+/// A descriptor its opener handed on before exiting (here to a background
+/// subshell) can still write through passthrough: the bits a chmod sets
+/// meanwhile do not stay, as for any other writer.
+#[test]
+fn setid_bits_set_while_an_exited_openers_descriptor_lives_do_not_stay() {
+    use std::io::BufRead;
+    let (_v, f) = volume_with_file("passthrough", 0o666);
+    let mut sh = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(r#"exec 3>>"$0" 4<&0; (read x <&4 && echo "$x" >&3 && echo written) & echo ready"#)
+        .arg(&f)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("sh");
+    // Taken: `wait` would close it, and the subshell would end.
+    let mut stdin = sh.stdin.take().unwrap();
+    let mut out = std::io::BufReader::new(sh.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    // The opener is gone; its background subshell holds the descriptor.
+    assert!(sh.wait().unwrap().success());
+    chmod(&f, 0o4777);
+    assert_eq!(perm(&f), 0o777, "the descriptor outlives its opener");
+    writeln!(stdin, "late").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "written\n");
+    assert!(std::fs::read_to_string(&f).unwrap().ends_with("late\n"));
+}
+
 /// A safs daemon started in a PID namespace of its own (`unshare -p`), so
 /// that this test's processes are invisible to it: FUSE names them pid 0.
 struct DaemonInOwnPidNs {

@@ -9,8 +9,9 @@
 use std::fs::File;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
-use super::{CoreError, Ctx, Fh, Fs, Ino, Result, State};
+use super::{CoreError, Ctx, Fh, Fs, Ino, Result, SetAttr, State};
 use crate::format::inode::{S_IFMT, S_IFREG, Timestamp};
 
 #[derive(Clone, Copy, Debug)]
@@ -146,6 +147,49 @@ impl Fs {
             return false;
         }
         let me = ctx.process();
+        self.writers_of(ino)
+            .any(|t| me.is_none() || Ctx::new(0, 0, t).process() != me)
+    }
+
+    /// Whether a SETATTR `set` would set set-id bits on `ino` while a
+    /// process that has exited holds it open for writing: nearly always a
+    /// writer that closed the file and exited just before (`cp f g && chmod
+    /// u+s g`), whose RELEASE the kernel sends after its close returned, so
+    /// that it may reach the daemon after this request. Judged now, that
+    /// writer would count as still writing and the bits would not be kept;
+    /// the adapter waits for the RELEASE first
+    /// ([`Fs::await_exited_writers`]).
+    pub fn setid_waits_for_exited_writers(&self, ino: Ino, set: &SetAttr) -> bool {
+        let sets_ids = set
+            .mode
+            .is_some_and(|m| m & (libc::S_ISUID | libc::S_ISGID) != 0);
+        sets_ids
+            && self.setid_at_open()
+            && self
+                .writers_of(ino.0)
+                .any(|t| t != 0 && Ctx::new(0, 0, t).process().is_none())
+    }
+
+    /// Waits until no handle of `ino` opened for writing by a thread that
+    /// has exited is left, or `limit` has passed (such a handle may still
+    /// be held: a descriptor the opener passed on before it exited keeps
+    /// its writes going, and the bits then go as for any other writer).
+    pub fn await_exited_writers(&self, ino: Ino, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let mut handles = self.handles.lock();
+        loop {
+            let exited = handles
+                .values()
+                .filter(|h| h.ino == ino && h.writable && h.opener != 0)
+                .any(|h| Ctx::new(0, 0, h.opener).process().is_none());
+            if !exited || self.released.wait_until(&mut handles, deadline).timed_out() {
+                return;
+            }
+        }
+    }
+
+    /// The threads that opened `ino`'s writable handles.
+    fn writers_of(&self, ino: u64) -> impl Iterator<Item = u32> {
         let openers: Vec<u32> = self
             .handles
             .lock()
@@ -153,9 +197,7 @@ impl Fs {
             .filter(|h| h.ino.0 == ino && h.writable)
             .map(|h| h.opener)
             .collect();
-        openers
-            .into_iter()
-            .any(|t| me.is_none() || Ctx::new(0, 0, t).process() != me)
+        openers.into_iter()
     }
 
     /// Registers a handle of `ino` open on its backing `file` (`fresh`:
@@ -278,6 +320,7 @@ impl Fs {
         let Some(h) = self.handles.lock().remove(&fh) else {
             return Err(CoreError::BadHandle);
         };
+        self.released.notify_all();
         // The last writer's changes go to the object store (a volume with
         // one), before the close records the size.
         if h.writable

@@ -238,6 +238,8 @@ pub struct Fs {
     /// (see `store`).
     state: Arc<Mutex<State>>,
     handles: Mutex<HashMap<Fh, Arc<Handle>>>,
+    /// Rung when a handle goes (see [`Fs::await_exited_writers`]).
+    released: parking_lot::Condvar,
     next_fh: AtomicU64,
     /// The mount's atime rules; a remount changes them.
     atime: Mutex<Atime>,
@@ -344,6 +346,7 @@ impl Fs {
             opts,
             state: Arc::new(Mutex::new(state)),
             handles: Mutex::new(HashMap::new()),
+            released: parking_lot::Condvar::new(),
             next_fh: AtomicU64::new(1),
             atime: Mutex::new(atime),
             closed: std::sync::atomic::AtomicBool::new(false),

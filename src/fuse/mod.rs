@@ -76,6 +76,24 @@ pub enum Transport {
     Dev,
 }
 
+/// How long a SETATTR that sets set-id bits waits for the RELEASE of a
+/// writer that has exited (see `setattr_after_exited_writers`): it comes
+/// within microseconds of the close; only a descriptor handed to another
+/// process before its opener exited makes the wait run out.
+const RELEASE_WAIT: Duration = Duration::from_millis(500);
+
+/// How long the kernel may keep attributes `a`. Under passthrough a file
+/// open for writing can change through a shared mapping without a request
+/// (xfstests generic/080, 215): its attributes are not cached, so a `stat`
+/// asks, and the daemon answers from the backing file.
+fn attr_ttl(passthrough: bool, ttl: Duration, a: &core::Attr) -> Duration {
+    if passthrough && a.open_for_write {
+        Duration::ZERO
+    } else {
+        ttl
+    }
+}
+
 fn ctx(h: &Header) -> Ctx {
     // Pid 0 with a request that carries credentials: a caller outside the
     // mount's PID namespace (requests sent without credentials, such as
@@ -211,16 +229,9 @@ impl SafsFuse {
         }
     }
 
-    /// How long the kernel may keep `a`. Under passthrough a file open for
-    /// writing can change through a shared mapping without a request
-    /// (xfstests generic/080, 215): its attributes are not cached, so a
-    /// `stat` asks, and the daemon answers from the backing file.
+    /// How long the kernel may keep `a` (see [`attr_ttl`]).
     fn attr_ttl(&self, a: &core::Attr) -> Duration {
-        if self.passthrough() && a.open_for_write {
-            Duration::ZERO
-        } else {
-            self.ttl()
-        }
+        attr_ttl(self.passthrough(), self.ttl(), a)
     }
 
     /// How long the kernel may keep entries and attributes.
@@ -508,7 +519,12 @@ impl SafsFuse {
             }
             Req::Setattr(s) => {
                 let _t = self.stats.start(Op::Setattr);
-                self.attr(reply, self.fs.setattr(&ctx(h), ino, &set_attr(s)));
+                let set = set_attr(s);
+                if self.fs.setid_waits_for_exited_writers(ino, &set) {
+                    self.setattr_after_exited_writers(ctx(h), ino, set, reply);
+                } else {
+                    self.attr(reply, self.fs.setattr(&ctx(h), ino, &set));
+                }
             }
             Req::Readlink => {
                 let _t = self.stats.start(Op::Readlink);
@@ -776,6 +792,27 @@ impl SafsFuse {
             // itself), STATX (the kernel falls back to GETATTR), TMPFILE,
             // COPY_FILE_RANGE, POLL, BMAP and the rest.
             Req::Other { .. } => reply.error(libc::ENOSYS),
+        }
+    }
+
+    /// A SETATTR that sets set-id bits while a writer that has exited
+    /// still holds the file (see [`Fs::setid_waits_for_exited_writers`]):
+    /// answered by a thread of its own once that writer's RELEASE came or
+    /// [`RELEASE_WAIT`] passed — not on this worker, whose queue may hold
+    /// that RELEASE. Rare: a chmod right after another process's close.
+    fn setattr_after_exited_writers(&self, ctx: Ctx, ino: Ino, set: SetAttr, reply: Reply) {
+        let fs = Arc::clone(&self.fs);
+        let (passthrough, ttl) = (self.passthrough(), self.ttl());
+        let spawned = std::thread::Builder::new()
+            .name("safs-setattr".into())
+            .spawn(move || {
+                fs.await_exited_writers(ino, RELEASE_WAIT);
+                let r = fs.setattr(&ctx, ino, &set);
+                Attrs(reply).answer(r.map(|a| (attr_ttl(passthrough, ttl, &a), file_attr(&a))));
+            });
+        if let Err(e) = spawned {
+            // The reply went with the closure: it answers EIO as it drops.
+            tracing::error!(error = %e, "no thread for a SETATTR");
         }
     }
 
