@@ -58,7 +58,8 @@ impl TempRgw {
             std::fs::create_dir_all(dir.join(sub))
                 .map_err(|e| format!("{}: {e}", dir.display()))?;
         }
-        let (mon_port, rgw_port) = (free_port()?, free_port()?);
+        let mon_port = free_port(&[])?;
+        let rgw_port = free_port(&[mon_port])?;
         let fsid = std::fs::read_to_string("/proc/sys/kernel/random/uuid")
             .map_err(|e| format!("a cluster id: {e}"))?;
         let fsid = fsid.trim();
@@ -257,9 +258,14 @@ rgw data = {d}/rgw
                 }
             }
             if start.elapsed() > START_WAIT {
+                // The log goes with the caller's directory: its end here.
+                let log = self.dir.join("log/client.rgw.log");
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                let tail = lines[lines.len().saturating_sub(15)..].join("\n");
                 return Err(format!(
-                    "radosgw did not answer on {addr} within {START_WAIT:?}: see {}",
-                    self.dir.join("log/client.rgw.log").display()
+                    "radosgw did not answer on {addr} within {START_WAIT:?}; the end of {}:\n{tail}",
+                    log.display()
                 ));
             }
             std::thread::sleep(Duration::from_millis(200));
@@ -327,11 +333,29 @@ impl Drop for TempRgw {
 }
 
 /// A TCP port free on 127.0.0.1 now.
-fn free_port() -> Result<u16, String> {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| format!("a free port: {e}"))
+/// A port nothing listens on, below the kernel's ephemeral range: a port
+/// from that range (what binding port 0 hands out) is free only until the
+/// next outgoing connection takes it as its local port, and tests that run
+/// beside a server starting make thousands (a radosgw that lost its port
+/// that way never answered). Ceph's daemons bind 6800-7300.
+fn free_port(taken: &[u16]) -> Result<u16, String> {
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (20000u16, ephemeral.max(20001));
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos())
+        ^ std::process::id().rotate_left(16);
+    let span = u32::from(high - low);
+    for i in 0..200u32 {
+        let port = low + (seed.wrapping_add(i.wrapping_mul(7919)) % span) as u16;
+        if !taken.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(format!("no free port in {low}-{high}"))
 }
 
 fn which(prog: &str) -> Result<(), String> {
