@@ -281,7 +281,7 @@ pub fn render(s: &StatsReply) -> String {
         );
     }
     if let Some(st) = &s.store {
-        let gauges: [(&str, &str, u64); 4] = [
+        let gauges: [(&str, &str, u64); 5] = [
             (
                 "safs_data_cache_bytes",
                 "Bytes closed files' contents cached from the object store take.",
@@ -301,6 +301,11 @@ pub fn render(s: &StatsReply) -> String {
                 "safs_store_uploads_waiting",
                 "Uploads running and closed files whose upload failed (tried again at unmount).",
                 st.uploads_waiting,
+            ),
+            (
+                "safs_store_deletions_queued",
+                "Objects queued for the deleter (a removed file counts one), counted up to 1000.",
+                st.deletions_queued,
             ),
         ];
         for (name, help, v) in gauges {

@@ -1009,8 +1009,20 @@ fn a_store_that_goes_away_fails_fsync_with_eio_and_heals_without_a_remount() {
     let before = pattern(9, 100_000);
     fs::write(node.path("before"), &before).unwrap();
     File::open(node.path("before")).unwrap().sync_all().unwrap();
+    fs::write(node.path("gone"), pattern(10, 100_000)).unwrap();
+    File::open(node.path("gone")).unwrap().sync_all().unwrap();
+    let queued = || {
+        let out = safs(["info".as_ref(), "--json".as_ref(), mnt.as_os_str()]);
+        out.assert_success("safs info --json");
+        let stats: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        stats["store"]["deletions_queued"].as_u64().unwrap()
+    };
+    assert_eq!(queued(), 0);
 
     own.stop_gateway().unwrap();
+    // Its object cannot be deleted meanwhile: the deletion waits.
+    fs::remove_file(node.path("gone")).unwrap();
+    assert_eq!(queued(), 1);
     // Larger than what a record holds: it needs the store.
     let during = pattern(11, 100_000);
     let mut f = File::create(node.path("during")).unwrap();
@@ -1026,7 +1038,12 @@ fn a_store_that_goes_away_fails_fsync_with_eio_and_heals_without_a_remount() {
     // What is cached reads on.
     assert_eq!(fs::read(node.path("before")).unwrap(), before);
 
+    assert_eq!(queued(), 1, "deleted with the store away");
     own.start_gateway().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || queued() == 0),
+        "the deletion was not retried"
+    );
     // The closed file goes up by itself once the store is back: no fsync,
     // no remount.
     let env = [

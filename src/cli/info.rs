@@ -78,13 +78,17 @@ fn print_stats(sock: &Path, json: bool) -> anyhow::Result<()> {
     if let Some(st) = &stats.store {
         println!(
             "object store:   {}; fetched {} blocks ({} MiB), uploaded {} blocks ({} MiB), \
-             deleted {} objects; {} uploads waiting",
+             deleted {} objects ({} queued); {} uploads waiting",
             st.url,
             st.fetched_blocks,
             st.fetched_bytes >> 20,
             st.uploaded_blocks,
             st.uploaded_bytes >> 20,
             st.deleted_objects,
+            match st.deletions_queued {
+                n if n >= safs_control::DELETIONS_COUNTED => format!("{n}+"),
+                n => n.to_string(),
+            },
             st.uploads_waiting
         );
         println!(

@@ -77,6 +77,10 @@ use progress::Progress;
 use record::{Machine, Measurement, Rep, Results, StepTime, Unit, request_delta};
 use target::{ColdEnv, Target};
 
+/// How long a test waits for the previous one's queued object deletions
+/// on a safs target with an object store (see `Target::settle_deletions`).
+const SETTLE_LIMIT: Duration = Duration::from_secs(900);
+
 /// Why a phase stopped early.
 #[derive(Debug)]
 pub enum Fail {
@@ -589,6 +593,21 @@ pub fn run(cfg: Config) -> anyhow::Result<PathBuf> {
     'tests: for &test in &tests {
         for (t, base) in targets.iter().zip(&bases) {
             progress.step(&format!("{test} on {}", t.label));
+            let settle_secs = match t.settle_deletions(SETTLE_LIMIT) {
+                Ok((secs, 0)) => secs,
+                Ok((secs, left)) => {
+                    ctx.warn(format!(
+                        "{test} on {}: {left} object deletions still queued after {secs:.0} s \
+                         (measured under them)",
+                        t.label
+                    ));
+                    secs
+                }
+                Err(e) => {
+                    ctx.warn(format!("{test} on {}: {e:#}", t.label));
+                    0.0
+                }
+            };
             let step_start = Instant::now();
             let dir = base.join(test.to_string());
             let mut step = Step {
@@ -619,6 +638,7 @@ pub fn run(cfg: Config) -> anyhow::Result<PathBuf> {
                 test,
                 target: t.label.clone(),
                 secs: step_start.elapsed().as_secs_f64(),
+                settle_secs,
             });
             if let Err(e) = res {
                 failure = Some(e.context(format!("{test} on {}", t.label)));

@@ -309,6 +309,9 @@ pub struct StepTime {
     pub test: Test,
     pub target: String,
     pub secs: f64,
+    /// Waited before the test for the target's queued object deletions
+    /// (see `Target::settle_deletions`); not in `secs`.
+    pub settle_secs: f64,
 }
 
 /// The machine and the moment.

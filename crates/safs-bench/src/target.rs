@@ -214,6 +214,32 @@ impl Target {
         }
     }
 
+    /// On a safs target whose contents are in an object store: waits, up
+    /// to `limit`, until its daemon has no object deletions queued — the
+    /// previous test's removals, which its deleter works through in the
+    /// background (a PostgreSQL scan and a store DELETE per freed file).
+    /// JuiceFS, the peer on such stores, keeps removed files in its trash
+    /// for a day by default and deletes nothing during a run: a test
+    /// measured under safs's backlog alone would compare unlike work.
+    /// Returns the seconds waited and the deletions still queued.
+    pub fn settle_deletions(&self, limit: Duration) -> anyhow::Result<(f64, u64)> {
+        let Some(s) = &self.safs else {
+            return Ok((0.0, 0));
+        };
+        let start = Instant::now();
+        loop {
+            let queued = safs_control::request(&s.volume, "stats")
+                .with_context(|| format!("target {}: cannot read its store's figures", self.label))?
+                .and_then(|r| r.store)
+                .map_or(0, |st| st.deletions_queued);
+            let waited = start.elapsed();
+            if queued == 0 || waited >= limit {
+                return Ok((waited.as_secs_f64(), queued));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// The daemon's request counters, for safs targets: requests served
     /// and nanoseconds spent serving them, by opcode; and the engine's
     /// operations (`get`, `scan`, `commit`).

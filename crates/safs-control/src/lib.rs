@@ -220,7 +220,16 @@ pub struct StoreReport {
     /// Uploads running, and closed files whose upload failed (tried again
     /// at unmount).
     pub uploads_waiting: u64,
+    /// Objects no file names any more, queued for the deleter (a removed
+    /// file's whole map counts one); counted up to
+    /// [`DELETIONS_COUNTED`].
+    #[serde(default)]
+    pub deletions_queued: u64,
 }
+
+/// How far [`StoreReport::deletions_queued`] counts (one page of the
+/// engine: the figure is read at every `stats`).
+pub const DELETIONS_COUNTED: u64 = 1000;
 
 /// The trace's clock, `CLOCK_MONOTONIC` in nanoseconds: the same in the
 /// daemon and in whoever sets its own times beside a trace.

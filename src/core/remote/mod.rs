@@ -1506,7 +1506,23 @@ impl Fs {
             evicted_files: c.evicted_files.load(Relaxed),
             evicted_bytes: c.evicted_bytes.load(Relaxed),
             uploads_waiting: c.uploading.load(Relaxed) + r.failed.lock().len() as u64,
+            deletions_queued: self.deletions_queued(),
         })
+    }
+
+    /// The `Q` records the deleter has yet to take (those of batches not
+    /// committed yet too), up to [`safs_control::DELETIONS_COUNTED`] (0 if
+    /// the engine cannot say).
+    fn deletions_queued(&self) -> u64 {
+        let (start, end) = keys::prefix_range(keys::P_DOOMED);
+        let limit = safs_control::DELETIONS_COUNTED as usize;
+        match self.store.scan(&start, &end, limit) {
+            Ok(page) => page.len() as u64,
+            Err(e) => {
+                tracing::debug!(error = %e, "queued deletions not counted");
+                0
+            }
+        }
     }
 
     /// `ino`'s map as this node knows it, else as the engine has it.

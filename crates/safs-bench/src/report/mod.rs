@@ -302,7 +302,13 @@ pub fn markdown(r: &Results) -> String {
             .steps
             .iter()
             .filter(|st| st.target == t.label)
-            .map(|st| format!("{} {:.0} s", st.test, st.secs))
+            .map(|st| match st.settle_secs {
+                w if w >= 0.5 => format!(
+                    "{} {:.0} s (after {w:.0} s for queued object deletions)",
+                    st.test, st.secs
+                ),
+                _ => format!("{} {:.0} s", st.test, st.secs),
+            })
             .collect();
         let _ = writeln!(
             s,
