@@ -46,7 +46,8 @@
 //! anything it decides on. The lease stays while operations run under it
 //! or their writes wait to be committed — so group commit works as on one
 //! machine — and goes back once they are committed and nothing else runs,
-//! or after [`LEASE_TURN`] of holding it, so that daemons take turns. A
+//! or after [`LEASE_TURN`] of holding it if another daemon waits for it,
+//! so that daemons take turns. A
 //! commit under a lease that was lost meanwhile (its connection cut, and
 //! another daemon committed) is refused by the engine: the batch is
 //! dropped as a crash would drop it, what waited for it fails with EIO,
@@ -804,6 +805,11 @@ impl Store {
         let mut waited: Option<Instant> = None;
         loop {
             if l.held && !l.draining {
+                if l.since.is_some_and(|t| t.elapsed() >= LEASE_TURN) && !shared.lease_wanted() {
+                    // Nobody waits for it: another turn, with no drain (a
+                    // daemon alone on its volume pays no hand-over).
+                    l.since = Some(Instant::now());
+                }
                 if l.since.is_some_and(|t| t.elapsed() >= LEASE_TURN) {
                     // Its turn is over: commit what ran, then give it back.
                     l.draining = true;

@@ -454,6 +454,12 @@ pub trait Shared: Send + Sync {
     /// Gives the lease back (every commit made under it has returned);
     /// returns the epoch its last commit reached.
     fn release(&self) -> u64;
+    /// Whether another daemon waits for the lease now (its holder gives it
+    /// back at the end of its turn only then). True when the engine
+    /// cannot tell.
+    fn lease_wanted(&self) -> bool {
+        true
+    }
     /// The epoch the commits under the lease held now have reached.
     fn reached(&self) -> Option<u64>;
     /// Ends this daemon's session cleanly: its row goes (a row left behind

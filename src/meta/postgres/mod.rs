@@ -1079,6 +1079,22 @@ impl Shared for PgStore {
         reached.max(0) as u64
     }
 
+    fn lease_wanted(&self) -> bool {
+        // A daemon waiting in `lease` is an advisory lock not granted (a
+        // bigint key is split into classid, objid; objsubid 1).
+        let waiting = self.with_conn(|c| {
+            let r = c.client.query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+                 AND NOT granted AND objsubid = 1 \
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                 AND (classid::text::bigint << 32) | objid::text::bigint = $1)",
+                &[&WRITE_LOCK],
+            )?;
+            Ok(r.get::<_, bool>(0))
+        });
+        waiting.unwrap_or(true)
+    }
+
     fn reached(&self) -> Option<u64> {
         let e = self.joined.get()?.epoch.load(Relaxed);
         (e >= 0).then_some(e as u64)
@@ -1654,12 +1670,15 @@ mod tests {
         // A commits under the lease; B waits for its turn meanwhile.
         assert_eq!(a.lease(0).unwrap().epoch, 0);
         a.commit(&[(b"k1".to_vec(), Some(b"a".to_vec()))]).unwrap();
+        assert!(!a.lease_wanted(), "nobody waits yet");
         let waiter = {
             let b = Arc::clone(&b);
             std::thread::spawn(move || b.lease(0).unwrap())
         };
         std::thread::sleep(Duration::from_millis(300));
         assert!(!waiter.is_finished(), "B got the lease while A held it");
+        // A sees B waiting (its turn then ends).
+        assert!(a.lease_wanted());
         assert_eq!(a.release(), 1);
         let seen = waiter.join().unwrap();
         assert_eq!(seen.epoch, 1);
