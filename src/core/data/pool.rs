@@ -172,7 +172,11 @@ impl Pool {
     /// Files ready now.
     #[cfg(test)]
     fn ready(&self) -> usize {
-        let g = self.shared.inner.lock();
+        self.ready_in(&self.shared.inner.lock())
+    }
+
+    #[cfg(test)]
+    fn ready_in(&self, g: &Inner) -> usize {
         g.slots
             .values()
             .filter(|s| matches!(s, Slot::Ready(_)))
@@ -335,12 +339,26 @@ mod tests {
     fn settle(p: &Pool, n: usize) {
         let t = std::time::Instant::now();
         while p.ready() < n {
-            assert!(
-                t.elapsed().as_secs() < PATIENCE,
-                "the pool never filled: {} ready, make failing: {}",
-                p.ready(),
-                p.shared.inner.lock().failed
-            );
+            if t.elapsed().as_secs() >= PATIENCE {
+                // Everything the thread decides on, for a stall seen in
+                // CI (three times stopped at 61 of 64, slow disk or not).
+                let g = p.shared.inner.lock();
+                let making: Vec<u64> = g
+                    .slots
+                    .iter()
+                    .filter(|(_, s)| matches!(s, Slot::Making))
+                    .map(|(&k, _)| k)
+                    .collect();
+                let keys: Vec<u64> = g.slots.keys().copied().collect();
+                panic!(
+                    "the pool never filled: {} ready, make failing: {}; next {}, slots {keys:?}, \
+                     making {making:?}, doomed {:?}",
+                    p.ready_in(&g),
+                    g.failed,
+                    g.next,
+                    g.doomed.iter().map(|(k, _)| *k).collect::<Vec<_>>()
+                );
+            }
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
