@@ -163,11 +163,7 @@ impl Fs {
         let sets_ids = set
             .mode
             .is_some_and(|m| m & (libc::S_ISUID | libc::S_ISGID) != 0);
-        sets_ids
-            && self.setid_at_open()
-            && self
-                .writers_of(ino.0)
-                .any(|t| t != 0 && Ctx::new(0, 0, t).process().is_none())
+        sets_ids && self.setid_at_open() && self.writers_of(ino.0).any(opener_exited)
     }
 
     /// Waits until no handle of `ino` opened for writing by a thread that
@@ -180,8 +176,8 @@ impl Fs {
         loop {
             let exited = handles
                 .values()
-                .filter(|h| h.ino == ino && h.writable && h.opener != 0)
-                .any(|h| Ctx::new(0, 0, h.opener).process().is_none());
+                .filter(|h| h.ino == ino && h.writable)
+                .any(|h| opener_exited(h.opener));
             if !exited || self.released.wait_until(&mut handles, deadline).timed_out() {
                 return;
             }
@@ -509,6 +505,12 @@ impl Fs {
             ctx.load();
         }
     }
+}
+
+/// Whether the thread that opened a handle has exited (0, the kernel or a
+/// caller the daemon cannot see, has not).
+fn opener_exited(opener: u32) -> bool {
+    opener != 0 && Ctx::new(0, 0, opener).process().is_none()
 }
 
 /// Whether `mode` is a regular file's with a set-id bit: the only ones a
