@@ -11,7 +11,7 @@ mod store;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::time::Duration;
 
 use common::*;
@@ -139,7 +139,7 @@ fn a_cached_file_marked_in_another_boot_is_checked_against_its_map() {
     let mut v = volume(&url, &[]);
     let data = pattern(30, 6 * MIB);
     fs::write(v.path("f"), &data).unwrap();
-    let ino = std::os::unix::fs::MetadataExt::ino(&fs::metadata(v.path("f")).unwrap());
+    let ino = fs::metadata(v.path("f")).unwrap().ino();
     v.unmount();
     let backing = backing_file(&v, ino);
     let mark = getxattr(&backing, "user.safs.map").unwrap();
@@ -745,6 +745,28 @@ fn two_nodes_share_nothing_but_the_database_and_the_store() {
             assert!(fs::read(&p).unwrap() == want, "{} differs", p.display());
         }
     }
+    // A close waits for its commit to be visible, not durable; the
+    // writer's dirty mark goes once it is durable (unasked, soon after).
+    for (writer, vol, tag) in [(&a, &va, 1u8), (&b, &vb, 2u8)] {
+        for i in 0..20 {
+            let ino = fs::metadata(writer.path(&format!("m{tag}-{i}")))
+                .unwrap()
+                .ino();
+            let backing = vol
+                .join("data")
+                .join(format!("{:02x}", ino & 0xff))
+                .join(format!("{ino:016x}"));
+            assert!(
+                wait_until(Duration::from_secs(10), || getxattr(
+                    &backing,
+                    "user.safs.dirty"
+                )
+                .is_err()),
+                "{}: still dirty",
+                backing.display()
+            );
+        }
+    }
     // Removed on A while open on B: B reads on until it closes.
     let held = File::open(b.path("two")).unwrap();
     fs::remove_file(a.path("two")).unwrap();
@@ -753,8 +775,19 @@ fn two_nodes_share_nothing_but_the_database_and_the_store() {
     assert_eq!(back, two);
     drop(held);
 
+    // Written just before the unmount: its mark goes with it.
+    fs::write(a.path("last"), b"last").unwrap();
+    let last = fs::metadata(a.path("last")).unwrap().ino();
     a.unmount();
     b.unmount();
+    let backing = va
+        .join("data")
+        .join(format!("{:02x}", last & 0xff))
+        .join(format!("{last:016x}"));
+    assert!(
+        getxattr(&backing, "user.safs.dirty").is_err(),
+        "a clean unmount left a dirty mark"
+    );
     let out = safs(["fsck", s(&va)]);
     out.assert_success("fsck after both nodes");
     // Node B's whole directory lost: it is only a cache; attached again,

@@ -415,6 +415,12 @@ impl Fs {
         self.store.sync()
     }
 
+    /// Makes every change so far visible to every node (committed, not
+    /// necessarily durable: see `store`).
+    pub fn sync_visible(&self) -> Result<()> {
+        self.store.wait_landed(self.store.applied_seq())
+    }
+
     /// Records a clean unmount, flushes and stops the committer. The `Fs`
     /// must not be used after; a second call does nothing.
     pub fn close(&self) -> Result<()> {

@@ -11,6 +11,14 @@
 //! - after a crash the volume is exactly the state after some batch;
 //! - `fsync`/`fsyncdir`/unmount wait for the batch holding their changes.
 //!
+//! On engines whose commits can be visible before they are durable
+//! (PostgreSQL: [`MetaStore::commit_iter_visible`]) a batch nobody waits
+//! on to be durable is committed visible only: `landed_seq` moves, and
+//! `durable_seq` follows when someone waits for it ([`Store::wait_durable`]),
+//! a batch frees files, or [`DURABLE_LAG`] has passed — by a durable commit
+//! of the next batch or, idle, [`MetaStore::make_durable`]. A close waits
+//! only for visibility ([`Store::wait_landed`]).
+//!
 //! - records an operation changed in the core's cache without writing them
 //!   (directory statistics: see `stats`) are *deferred*, and a batch is
 //!   never taken without the deferred records of the operations in it: the
@@ -93,6 +101,11 @@ pub const REMOVAL_OPS: u64 = 2;
 const ADMIT_WAIT: Duration = Duration::from_secs(2);
 /// Longest key safs writes (a prefix, an inode number and a 255-byte name).
 const KEY_MAX: usize = 512;
+/// How long metadata may be visible to every node and not yet durable (on
+/// engines where commits can be: PostgreSQL), before the committer makes
+/// it durable unasked: what a crash of the engine's server can lose of
+/// changes nobody synced — as an embedded volume's commit interval.
+const DURABLE_LAG: Duration = Duration::from_millis(50);
 /// How long a daemon keeps the write lease of a shared volume while it
 /// stays busy, before it lets the next daemon have a turn.
 pub const LEASE_TURN: Duration = Duration::from_millis(100);
@@ -162,8 +175,22 @@ struct Overlay {
     /// `committing` is in the engine; the committer is deleting the files
     /// it freed before it counts as durable.
     landed: bool,
-    /// Every operation with a sequence number ≤ this is durable.
+    /// Every operation with a sequence number ≤ this is in the engine:
+    /// every reader, here or on another node, sees it.
+    landed_seq: u64,
+    /// Every operation with a sequence number ≤ this is durable (on
+    /// engines whose commits may be visible first, at most `landed_seq`).
     durable_seq: u64,
+    /// The newest operation someone waits to be durable.
+    durable_wanted: u64,
+    /// Since when `landed_seq` has been ahead of `durable_seq`.
+    ahead_since: Option<Instant>,
+    /// The last try to make what landed durable failed (cleared by the
+    /// next success): it is tried again.
+    durable_failed: bool,
+    /// Tries that failed so far: a waiter fails if one made after it
+    /// began waiting did.
+    durable_fails: u64,
     /// Someone is waiting for durability: commit now.
     urgent: bool,
     /// The last commit failed; cleared by the next success.
@@ -328,7 +355,12 @@ impl Store {
                 applied_seq: 0,
                 committing: Arc::new(Map::new()),
                 landed: false,
+                landed_seq: 0,
                 durable_seq: 0,
+                durable_wanted: 0,
+                ahead_since: None,
+                durable_failed: false,
+                durable_fails: 0,
                 urgent: false,
                 failure: None,
                 failing_since: None,
@@ -488,16 +520,16 @@ impl Store {
         Ok(Some((value, pointee, range.filter(|_| range_holds))))
     }
 
-    /// The durable sequence number now, unless `key` waits in the overlay
+    /// The landed sequence number now, unless `key` waits in the overlay
     /// (then the engine's value of it is not the current one).
     fn durable_unless_waiting(&self, key: &[u8]) -> Option<u64> {
         let ov = self.overlay.lock();
         let waiting = ov.pending.contains_key(key) || ov.committing.contains_key(key);
-        (!waiting).then_some(ov.durable_seq)
+        (!waiting).then_some(ov.landed_seq)
     }
 
     /// Squares what the engine said of `value`'s pointee (read when
-    /// `since` was the durable sequence number) with the overlay: a newer
+    /// `since` was the landed sequence number) with the overlay: a newer
     /// pointee waiting wins, and a commit landed meanwhile means what the
     /// engine said may be older than it: asked again. With `companion`,
     /// also whether the engine's read of the pointee's companion range
@@ -515,7 +547,7 @@ impl Store {
             return Ok((None, false));
         };
         let ov = self.overlay.lock();
-        let moved = ov.durable_seq != since;
+        let moved = ov.landed_seq != since;
         let range_holds = companion.is_some_and(|c| {
             let (lo, hi) = crate::meta::companion_range(&k, c);
             !moved
@@ -967,22 +999,56 @@ impl Store {
 
     /// Blocks until every operation up to `seq` is durable.
     pub fn wait_durable(&self, seq: u64) -> Result<()> {
+        self.wait_for(seq, true)
+    }
+
+    /// Blocks until every operation up to `seq` is in the engine, where
+    /// every reader (on any node) sees it — not necessarily durable yet
+    /// (see [`MetaStore::commit_iter_visible`]): what a close must wait
+    /// for on a shared volume, not `fsync`.
+    pub fn wait_landed(&self, seq: u64) -> Result<()> {
+        self.wait_for(seq, false)
+    }
+
+    fn wait_for(&self, seq: u64, durable: bool) -> Result<()> {
         let mut ov = self.overlay.lock();
+        if durable {
+            ov.durable_wanted = ov.durable_wanted.max(seq);
+        }
+        let fails = ov.durable_fails;
         loop {
             if ov.lost.is_some_and(|(from, to)| (from..=to).contains(&seq)) {
                 return Err(CoreError::Io(std::io::Error::from_raw_os_error(libc::EIO)));
             }
-            if ov.durable_seq >= seq {
+            let reached = if durable {
+                ov.durable_seq
+            } else {
+                ov.landed_seq
+            };
+            if reached >= seq {
                 break;
             }
             if let Some(f) = ov.failure {
                 return Err(f.into());
+            }
+            if durable && ov.durable_fails > fails && ov.landed_seq >= seq {
+                return Err(CoreError::Io(std::io::Error::from_raw_os_error(libc::EIO)));
             }
             ov.urgent = true;
             self.work.notify_one();
             self.done.wait_for(&mut ov, Duration::from_millis(100));
         }
         Ok(())
+    }
+
+    /// The sequence number every operation up to which is durable.
+    pub fn durable_seq(&self) -> u64 {
+        self.overlay.lock().durable_seq
+    }
+
+    /// The sequence number every operation up to which is in the engine.
+    pub fn landed_seq(&self) -> u64 {
+        self.overlay.lock().landed_seq
     }
 
     /// Makes everything applied so far durable.
@@ -1022,6 +1088,19 @@ impl Store {
         res
     }
 
+    /// Whether the next batch must be durable when its commit returns:
+    /// always on engines whose commits are durable anyway; else when
+    /// someone waits for durability, when it frees files (deleting them
+    /// before their inodes' end is durable could lose data), at unmount,
+    /// and once what landed has waited [`DURABLE_LAG`] to be.
+    fn durable_due(&self, ov: &Overlay, unlinks: bool) -> bool {
+        !self.engine.visible_before_durable()
+            || unlinks
+            || ov.shutdown
+            || ov.durable_wanted > ov.durable_seq
+            || ov.ahead_since.is_some_and(|t| t.elapsed() >= DURABLE_LAG)
+    }
+
     /// Takes the pending batch for committing: (writes, files to delete
     /// once durable, the sequence number it makes durable).
     fn take(&self, ov: &mut Overlay) -> (Arc<Map>, Vec<PathBuf>, u64) {
@@ -1043,12 +1122,25 @@ impl Store {
             // Wait for a batch that is due.
             loop {
                 if ov.pending.is_empty() {
-                    if ov.durable_seq < ov.applied_seq && ov.committing.is_empty() {
-                        // Everything applied is already in the engine.
-                        ov.durable_seq = ov.applied_seq;
+                    if ov.landed_seq < ov.applied_seq && ov.committing.is_empty() {
+                        // Everything applied is already in the engine (the
+                        // newest operations wrote nothing): as durable as
+                        // what came before them.
+                        if ov.durable_seq == ov.landed_seq {
+                            ov.durable_seq = ov.applied_seq;
+                        }
+                        ov.landed_seq = ov.applied_seq;
                         self.done.notify_all();
                     }
-                    if !ov.pending_unlinks.is_empty() && ov.failure.is_none() {
+                    let ahead = ov.durable_seq < ov.landed_seq && ov.committing.is_empty();
+                    if ahead
+                        && (self.durable_due(&ov, !ov.pending_unlinks.is_empty())
+                            || ov.durable_failed)
+                    {
+                        ov = self.make_durable(ov);
+                        continue;
+                    }
+                    if !ov.pending_unlinks.is_empty() && ov.failure.is_none() && !ahead {
                         // Files freed with no writes of their own: what they
                         // waited for is durable now.
                         let unlinks = std::mem::take(&mut ov.pending_unlinks);
@@ -1057,10 +1149,16 @@ impl Store {
                         ov = self.overlay.lock();
                         continue;
                     }
-                    if ov.shutdown {
+                    if ov.shutdown && !ahead {
                         return;
                     }
-                    self.work.wait(&mut ov);
+                    match ov.ahead_since {
+                        Some(t) if ahead => {
+                            let wait = DURABLE_LAG.saturating_sub(t.elapsed());
+                            self.work.wait_for(&mut ov, wait);
+                        }
+                        _ => self.work.wait(&mut ov),
+                    }
                     continue;
                 }
                 let age = ov.pending_since.map_or(Duration::ZERO, |t| t.elapsed());
@@ -1109,14 +1207,18 @@ impl Store {
                 Some(t) => t,
                 None => self.take(&mut ov),
             };
+            let durable = self.durable_due(&ov, !unlinks.is_empty());
             self.flush_wanted.store(false, Ordering::Relaxed);
             drop(ov);
 
             // Borrowed: the batch stays visible to readers as `committing`
             // meanwhile, and a copy would double the memory a commit holds.
-            let res = self
-                .engine
-                .commit_iter(&mut batch.iter().map(|(k, v)| (k.as_slice(), v.as_deref())));
+            let mut writes = batch.iter().map(|(k, v)| (k.as_slice(), v.as_deref()));
+            let res = if durable {
+                self.engine.commit_iter(&mut writes)
+            } else {
+                self.engine.commit_iter_visible(&mut writes)
+            };
             // This daemon's own commit: its caches already show it, so its
             // doorbell must not be taken for another daemon's change. Noted
             // while the lease is still held (the doorbell may ring first:
@@ -1153,7 +1255,15 @@ impl Store {
                     ov.failing_since = None;
                     ov.failure_logged = None;
                     ov.last_error.clear();
-                    ov.durable_seq = seq;
+                    ov.landed_seq = seq;
+                    if durable {
+                        // A durable commit makes every earlier one durable.
+                        ov.durable_seq = seq;
+                        ov.ahead_since = None;
+                        ov.durable_failed = false;
+                    } else {
+                        ov.ahead_since.get_or_insert_with(Instant::now);
+                    }
                     ov.committing = Arc::new(Map::new());
                     ov.committing_need = 0;
                     ov.held = self.engine.held();
@@ -1176,9 +1286,14 @@ impl Store {
                         records,
                         "the write lease was lost ({why}): dropping the changes not yet committed, as a crash would; reloading everything from the database"
                     );
+                    // What landed but was not durable may be lost too
+                    // (an engine's server that crashed lost it, which is
+                    // one way a lease is lost): its waiters fail.
                     let first = ov.durable_seq + 1;
                     ov.lost = Some((first, ov.applied_seq));
                     ov.durable_seq = ov.applied_seq;
+                    ov.landed_seq = ov.applied_seq;
+                    ov.ahead_since = None;
                     ov.pending = Map::new();
                     ov.pending_unlinks.clear();
                     ov.pending_bytes = 0;
@@ -1251,6 +1366,43 @@ impl Store {
                 }
             }
         }
+    }
+}
+
+impl Store {
+    /// Makes what has landed durable (the committer, idle): waiters of it
+    /// are told either way.
+    fn make_durable<'a>(
+        &'a self,
+        ov: parking_lot::MutexGuard<'a, Overlay>,
+    ) -> parking_lot::MutexGuard<'a, Overlay> {
+        let seq = ov.landed_seq;
+        let failed_before = ov.durable_failed;
+        drop(ov);
+        let res = self.engine.make_durable();
+        let mut ov = self.overlay.lock();
+        match res {
+            Ok(()) => {
+                ov.durable_seq = ov.durable_seq.max(seq);
+                ov.durable_failed = false;
+                if ov.durable_seq >= ov.landed_seq {
+                    ov.ahead_since = None;
+                }
+            }
+            Err(e) => {
+                if !failed_before {
+                    tracing::error!(error = %e, "cannot make committed metadata durable: fsync fails until it can; retried");
+                }
+                ov.durable_failed = true;
+                ov.durable_fails += 1;
+                self.done.notify_all();
+                // Not at once again: the engine is away.
+                self.work.wait_for(&mut ov, Duration::from_millis(200));
+                return ov;
+            }
+        }
+        self.done.notify_all();
+        ov
     }
 }
 
@@ -1372,6 +1524,116 @@ mod tests {
         store.close().unwrap();
         recover.join().unwrap();
         assert_eq!(engine.inner.get(b"b").unwrap().as_deref(), Some(&b"2"[..]));
+    }
+
+    /// An engine whose commits may be visible before durable (as
+    /// PostgreSQL's with `synchronous_commit` off): it counts each kind.
+    #[derive(Default)]
+    struct Lazy {
+        inner: MemStore,
+        durable_commits: std::sync::atomic::AtomicU64,
+        visible_commits: std::sync::atomic::AtomicU64,
+        flushes: std::sync::atomic::AtomicU64,
+        flush_fails: AtomicBool,
+    }
+
+    impl MetaRead for Lazy {
+        fn get(&self, key: &[u8]) -> std::result::Result<Option<Vec<u8>>, MetaError> {
+            self.inner.get(key)
+        }
+        fn scan(
+            &self,
+            s: &[u8],
+            e: &[u8],
+            l: usize,
+        ) -> std::result::Result<crate::meta::Pairs, MetaError> {
+            self.inner.scan(s, e, l)
+        }
+    }
+
+    impl MetaStore for Lazy {
+        fn commit_iter<'a>(
+            &self,
+            batch: &mut dyn Iterator<Item = crate::meta::WriteRef<'a>>,
+        ) -> std::result::Result<(), MetaError> {
+            self.durable_commits.fetch_add(1, Ordering::SeqCst);
+            self.inner.commit_iter(batch)
+        }
+        fn commit_iter_visible<'a>(
+            &self,
+            batch: &mut dyn Iterator<Item = crate::meta::WriteRef<'a>>,
+        ) -> std::result::Result<(), MetaError> {
+            self.visible_commits.fetch_add(1, Ordering::SeqCst);
+            self.inner.commit_iter(batch)
+        }
+        fn visible_before_durable(&self) -> bool {
+            true
+        }
+        fn make_durable(&self) -> std::result::Result<(), MetaError> {
+            if self.flush_fails.load(Ordering::SeqCst) {
+                return Err(MetaError::Io(std::io::Error::from_raw_os_error(libc::EIO)));
+            }
+            self.flushes.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        fn disk_bytes(&self) -> u64 {
+            0
+        }
+    }
+
+    /// On such an engine a batch nobody waits on is committed visible
+    /// only; it becomes durable when someone waits for that, or unasked
+    /// after `DURABLE_LAG`; a batch freeing files is committed durable
+    /// (the files go only after); and a flush that fails fails `fsync`,
+    /// not the close's wait, until it succeeds.
+    #[test]
+    fn visible_commits_become_durable_when_asked_or_after_a_lag() {
+        let engine = Arc::new(Lazy::default());
+        let store = Store::new(engine.clone(), Duration::from_millis(2), None);
+        let count = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::SeqCst);
+
+        let seq = store.apply(vec![(b"a".to_vec(), Some(b"1".to_vec()))]);
+        store.wait_landed(seq).unwrap();
+        assert_eq!(engine.inner.get(b"a").unwrap().as_deref(), Some(&b"1"[..]));
+        assert_eq!(count(&engine.visible_commits), 1);
+        assert_eq!(count(&engine.durable_commits), 0);
+        assert!(store.durable_seq() < seq, "not durable before asked");
+        store.wait_durable(seq).unwrap();
+        assert!(store.durable_seq() >= seq);
+        assert_eq!(count(&engine.flushes), 1, "one flush, no second commit");
+
+        // Nobody asks: durable all the same, once the lag has passed.
+        let seq = store.apply(vec![(b"b".to_vec(), Some(b"2".to_vec()))]);
+        store.wait_landed(seq).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while store.durable_seq() < seq {
+            assert!(Instant::now() < deadline, "never made durable unasked");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(count(&engine.flushes), 2);
+
+        // Freed files go only with a durable commit.
+        let dir = tempfile::tempdir().unwrap();
+        let freed = dir.path().join("freed");
+        std::fs::write(&freed, b"x").unwrap();
+        let durable_before = count(&engine.durable_commits);
+        let seq = store.apply_then_unlink(
+            vec![(b"c".to_vec(), Some(b"3".to_vec()))],
+            Some(freed.clone()),
+        );
+        store.wait_durable(seq).unwrap();
+        assert_eq!(count(&engine.durable_commits), durable_before + 1);
+        assert!(!freed.exists());
+
+        // A flush that fails: the close's wait holds, fsync's fails, and
+        // both hold again once the engine flushes.
+        engine.flush_fails.store(true, Ordering::SeqCst);
+        let seq = store.apply(vec![(b"d".to_vec(), Some(b"4".to_vec()))]);
+        store.wait_landed(seq).unwrap();
+        assert!(matches!(store.wait_durable(seq), Err(CoreError::Io(_))));
+        engine.flush_fails.store(false, Ordering::SeqCst);
+        store.wait_durable(seq).unwrap();
+        store.close().unwrap();
     }
 
     /// `abandon` lets close give up (a second signal to the daemon).

@@ -50,9 +50,11 @@ pub const SHARED_TTL: Duration = Duration::from_secs(10);
 /// drops its process's locks (see `locks`).
 const FILE_OPEN_FLAGS: u32 = abi::FOPEN_NOFLUSH;
 
-/// How often closed files whose upload to the object store failed are
-/// tried again.
-const RETRY_UPLOADS_EVERY: Duration = Duration::from_secs(5);
+/// How often the dirty marks of uploaded files whose commits have become
+/// durable are cleared (see `core::remote`).
+const UNDIRTY_EVERY: Duration = Duration::from_secs(1);
+/// Failed uploads are tried again every this many of those (5 s).
+const RETRY_UPLOADS_TICKS: u64 = 5;
 
 /// How file data moves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -192,18 +194,23 @@ impl SafsFuse {
             let _ = self.locks.set(locks::Locks::start(Arc::clone(&self.fs))?);
         }
         if self.fs.data_store().is_some() && !self.fs.is_read_only() {
-            // Closed files whose upload failed go up once the store is back
-            // (a weak reference: the session's end drops the filesystem).
+            // Closed files whose upload failed go up once the store is back,
+            // and the dirty marks of uploads whose commits have become
+            // durable go (a weak reference: the session's end drops the
+            // filesystem).
             let fs = Arc::downgrade(&self.fs);
             std::thread::Builder::new()
                 .name("safs-retry".into())
                 .spawn(move || {
-                    loop {
-                        std::thread::sleep(RETRY_UPLOADS_EVERY);
+                    for tick in 1u64.. {
+                        std::thread::sleep(UNDIRTY_EVERY);
                         let Some(fs) = fs.upgrade() else {
                             return;
                         };
-                        fs.retry_failed_uploads();
+                        fs.undirty_durable();
+                        if tick % RETRY_UPLOADS_TICKS == 0 {
+                            fs.retry_failed_uploads();
+                        }
                     }
                 })?;
         }

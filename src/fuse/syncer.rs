@@ -2,7 +2,8 @@
 //! close put contents in the object store: they wait for a commit, which
 //! must not hold a request thread. It takes every request queued meanwhile
 //! as one group — each file's data made durable, then a single wait for
-//! the metadata commit that covers them all — and owns their replies until
+//! the metadata commit that covers them all (durable for an `fsync`,
+//! visible to every node for a close) — and owns their replies until
 //! then.
 
 use std::sync::Arc;
@@ -43,7 +44,11 @@ pub(super) fn start(fs: Arc<Fs>) -> Sender<Job> {
 fn run(fs: &Fs, rx: &Receiver<Job>) {
     while let Ok(first) = rx.recv() {
         let mut waiting: Vec<(Empty, Option<After>)> = Vec::new();
+        // A close needs its changes visible to every node, not durable
+        // (see `core::store`): unless an fsync joins the group.
+        let mut durable = false;
         for job in std::iter::once(first).chain(rx.try_iter()) {
+            durable |= !matches!(job, Job::Flush { .. });
             match job {
                 Job::File {
                     fh,
@@ -58,7 +63,12 @@ fn run(fs: &Fs, rx: &Receiver<Job>) {
             }
         }
         // One commit wait covers every change made before these requests.
-        let synced = fs.sync().map_err(|e| e.errno());
+        let synced = if durable {
+            fs.sync()
+        } else {
+            fs.sync_visible()
+        };
+        let synced = synced.map_err(|e| e.errno());
         for (reply, after) in waiting {
             let done = after.map_or(Ok(()), |f| f()).map_err(|e| e.errno());
             match synced.and(done) {

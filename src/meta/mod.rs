@@ -356,6 +356,33 @@ pub trait MetaStore: MetaRead + Send + Sync + 'static {
         batch: &mut dyn Iterator<Item = WriteRef<'a>>,
     ) -> Result<(), MetaError>;
 
+    /// [`MetaStore::commit_iter`], except that the writes need only be
+    /// visible when this returns (every later read, on any connection or
+    /// node, sees them): they become durable with the next durable commit
+    /// or [`MetaStore::make_durable`], and a crash of the engine's server
+    /// before that may lose them — never some of them, and never one
+    /// without every later commit too. Engines whose commits cost the same
+    /// either way make them durable (the default).
+    fn commit_iter_visible<'a>(
+        &self,
+        batch: &mut dyn Iterator<Item = WriteRef<'a>>,
+    ) -> Result<(), MetaError> {
+        self.commit_iter(batch)
+    }
+
+    /// Whether [`MetaStore::commit_iter_visible`] may return before its
+    /// writes are durable (then the caller must call
+    /// [`MetaStore::make_durable`] before relying on them surviving).
+    fn visible_before_durable(&self) -> bool {
+        false
+    }
+
+    /// Makes every commit visible when it is called — this process's and
+    /// any other's — durable.
+    fn make_durable(&self) -> Result<(), MetaError> {
+        Ok(())
+    }
+
     /// [`MetaStore::commit_iter`] of owned writes.
     fn commit(&self, batch: &[Write]) -> Result<(), MetaError> {
         self.commit_iter(&mut batch.iter().map(|(k, v)| (k.as_slice(), v.as_deref())))

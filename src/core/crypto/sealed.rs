@@ -57,16 +57,16 @@ impl MetaRead for SealedStore {
     }
 }
 
-impl MetaStore for SealedStore {
-    fn counters(&self) -> EngineCounters {
-        self.inner.counters()
-    }
+/// A write with its value sealed.
+type Sealed<'a> = (&'a [u8], Option<Vec<u8>>);
 
-    fn commit_iter<'a>(
+impl SealedStore {
+    /// A batch's values sealed (those kept in the clear as they are).
+    fn seal<'a>(
         &self,
         batch: &mut dyn Iterator<Item = WriteRef<'a>>,
-    ) -> Result<(), MetaError> {
-        let mut sealed: Vec<(&[u8], Option<Vec<u8>>)> = Vec::new();
+    ) -> Result<Vec<Sealed<'a>>, MetaError> {
+        let mut sealed = Vec::new();
         for (k, v) in batch {
             let v = match v {
                 Some(v) if !clear(k) => Some(
@@ -79,8 +79,39 @@ impl MetaStore for SealedStore {
             };
             sealed.push((k, v));
         }
+        Ok(sealed)
+    }
+}
+
+impl MetaStore for SealedStore {
+    fn counters(&self) -> EngineCounters {
+        self.inner.counters()
+    }
+
+    fn commit_iter<'a>(
+        &self,
+        batch: &mut dyn Iterator<Item = WriteRef<'a>>,
+    ) -> Result<(), MetaError> {
+        let sealed = self.seal(batch)?;
         self.inner
             .commit_iter(&mut sealed.iter().map(|(k, v)| (*k, v.as_deref())))
+    }
+
+    fn commit_iter_visible<'a>(
+        &self,
+        batch: &mut dyn Iterator<Item = WriteRef<'a>>,
+    ) -> Result<(), MetaError> {
+        let sealed = self.seal(batch)?;
+        self.inner
+            .commit_iter_visible(&mut sealed.iter().map(|(k, v)| (*k, v.as_deref())))
+    }
+
+    fn visible_before_durable(&self) -> bool {
+        self.inner.visible_before_durable()
+    }
+
+    fn make_durable(&self) -> Result<(), MetaError> {
+        self.inner.make_durable()
     }
 
     fn disk_bytes(&self) -> u64 {

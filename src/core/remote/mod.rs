@@ -208,6 +208,17 @@ struct Staged {
 
 type StagedMap = HashMap<u64, BTreeMap<u32, Staged>>;
 
+/// A dirty mark an upload found it could clear, waiting for the commit
+/// that named the file's map to be durable.
+struct Undirty {
+    /// That commit's sequence number (or later).
+    after: u64,
+    /// The file's count of writable opens and truncates then, and its
+    /// length: changed since, the mark is that change's to clear.
+    change: u64,
+    len: u64,
+}
+
 pub(super) struct Remote {
     store: Arc<objstore::Store>,
     counters: Arc<Counters>,
@@ -241,6 +252,10 @@ pub(super) struct Remote {
     /// where any later write would show (see [`Unwritten`]): a close that
     /// finds it so has nothing to upload.
     uploaded: Mutex<HashMap<u64, Unwritten>>,
+    /// Dirty marks to clear once the commit naming the file's map is
+    /// durable (see [`Fs::undirty`]): such a mark says nothing newer is
+    /// in the backing file.
+    undirty: Mutex<HashMap<u64, Undirty>>,
     deleter: Mutex<Option<JoinHandle<()>>>,
     stager: Mutex<Option<JoinHandle<()>>>,
     stop: Arc<(Mutex<bool>, Condvar)>,
@@ -294,6 +309,7 @@ impl Remote {
             failed: Mutex::new(HashSet::new()),
             partial: Mutex::new(HashMap::new()),
             uploaded: Mutex::new(HashMap::new()),
+            undirty: Mutex::new(HashMap::new()),
             deleter: Mutex::new(None),
             stager: Mutex::new(None),
             stop: Arc::new((Mutex::new(false), Condvar::new())),
@@ -597,6 +613,11 @@ fn delete_doomed(
         if page.is_empty() {
             return Ok(());
         }
+        // Visible is not durable on every engine (PostgreSQL: see
+        // `MetaStore::commit_iter_visible`), and a commit the engine's
+        // server loses in a crash must find its old objects still there.
+        // One flush covers every record read above, any node's.
+        meta.engine().make_durable()?;
         let mut w: Vec<Write> = Vec::with_capacity(page.len());
         let mut stopped = false;
         for (k, _) in &page {
@@ -690,11 +711,21 @@ impl Fs {
             Err(e) => return Err(e.into()),
         };
         if let Some(f) = &local {
-            // Changes the store does not have yet: the backing file is newer.
-            if get_xattr(f, DIRTY)?.is_some() || get_xattr(f, MAP)? == Some(map_mark(&digest)) {
+            // Changes the store does not have yet: the backing file is newer
+            // — unless the mark only waits for its upload's commit to be
+            // durable (see `undirty`): then the map mark says what it holds.
+            let uploaded = r.undirty.lock().contains_key(&ino);
+            let dirty = !uploaded && get_xattr(f, DIRTY)?.is_some();
+            if dirty || get_xattr(f, MAP)? == Some(map_mark(&digest)) {
                 r.counters.hits.fetch_add(1, Relaxed);
                 r.current.lock().insert(ino);
                 return Ok(());
+            }
+            if uploaded {
+                // Another node's map replaced the uploaded one: the backing
+                // file becomes that map's, and the mark goes with the entry.
+                remove_xattr(f, DIRTY)?;
+                r.undirty.lock().remove(&ino);
             }
         }
         if map.is_empty() && local.is_none() {
@@ -1057,12 +1088,18 @@ impl Fs {
             }
             if w.is_empty() { 0 } else { self.store.apply(w) }
         };
-        // The marks say the store and the engine hold this file: not before
-        // that is durable. Set earlier, a crash losing the commit left a
-        // clean-looking backing file beside the older map (recovery then
-        // took its size for the file's, and nothing uploaded it again).
+        // Visible to every node before the close returns (`fsync` waits
+        // for durability after this). The map mark may go on now: while
+        // the dirty mark stays, a mount that finds the map mark ahead of
+        // the engine's map (a server crash lost the commit) drops the
+        // changes rather than trust the backing file. The dirty mark goes
+        // only once the commit is durable (cleared earlier, a crash losing
+        // the commit left a clean-looking backing file beside the older
+        // map: recovery then took its size for the file's, and nothing
+        // uploaded it again). On engines whose commits are durable at once
+        // (LMDB) the two are the same.
         if seq > 0 {
-            self.store.wait_durable(seq)?;
+            self.store.wait_landed(seq)?;
         }
         set_xattr(&f, MAP, &map_mark(&map_digest(&map)))?;
         r.maps.lock().insert(ino, map);
@@ -1073,7 +1110,7 @@ impl Fs {
             }
             let writers = self.state.lock().writers(ino);
             if writers <= u32::from(why == Upload::Close) {
-                remove_xattr(&f, DIRTY)?;
+                self.undirty(r, &f, ino, seq, change, len)?;
             }
         }
         r.failed.lock().remove(&ino);
@@ -1085,6 +1122,82 @@ impl Fs {
             );
         }
         Ok(Some(seq))
+    }
+
+    /// Clears `ino`'s dirty mark (its backing file, `len` bytes after
+    /// `change` writable opens and truncates, matching the map committed by
+    /// `seq` or earlier) once that commit is durable: now if it is, else
+    /// by [`Fs::undirty_durable`] later.
+    fn undirty(
+        &self,
+        r: &Remote,
+        f: &File,
+        ino: u64,
+        seq: u64,
+        change: u64,
+        len: u64,
+    ) -> Result<()> {
+        // Nothing committed for it: the map it matches is in the engine
+        // already, so everything landed covers it.
+        let after = seq.max(self.store.landed_seq());
+        if self.store.durable_seq() >= after {
+            remove_xattr(f, DIRTY)?;
+        } else {
+            r.undirty.lock().insert(ino, Undirty { after, change, len });
+        }
+        Ok(())
+    }
+
+    /// The dirty marks [`Fs::undirty`] left waiting whose commits are
+    /// durable now: cleared unless the file changed since (a writable
+    /// open or a truncate marked it again, and its own upload clears it).
+    pub fn undirty_durable(&self) {
+        let Some(r) = &self.remote else {
+            return;
+        };
+        let durable = self.store.durable_seq();
+        let ready: Vec<u64> = {
+            let q = r.undirty.lock();
+            q.iter()
+                .filter(|(_, u)| u.after <= durable)
+                .map(|(&ino, _)| ino)
+                .collect()
+        };
+        for ino in ready {
+            // Not beside an upload or a fetch of it, nor an open marking
+            // it (under the state lock); taken out only then, so that a
+            // fetch never finds the mark without its entry meanwhile.
+            let _g = r.lock(ino).lock();
+            let st = self.state.lock();
+            let u = {
+                let mut q = r.undirty.lock();
+                match q.get(&ino) {
+                    Some(u) if u.after <= durable && st.writers(ino) == 0 => {
+                        q.remove(&ino).expect("looked up")
+                    }
+                    // Replaced by a newer upload, fetched over, or its
+                    // closing writer's handle still registered.
+                    _ => continue,
+                }
+            };
+            if r.changes.lock().get(&ino).copied().unwrap_or(0) != u.change {
+                continue;
+            }
+            let path = self.data.path(ino);
+            let cleared = match std::fs::metadata(&path) {
+                Ok(m) if m.len() == u.len => rustix::fs::removexattr(&path, DIRTY).or_else(|e| {
+                    if e == rustix::io::Errno::NODATA {
+                        Ok(())
+                    } else {
+                        Err(e)
+                    }
+                }),
+                _ => Ok(()),
+            };
+            if let Err(e) = cleared {
+                tracing::warn!(ino, error = %e, "cannot clear a dirty mark: the next mount uploads the file again");
+            }
+        }
     }
 
     /// Whether `ino`'s backing file is as the last upload that read all
@@ -1126,6 +1239,13 @@ impl Fs {
                 all = false;
             }
         }
+        // Every upload's dirty mark goes once its commit is durable: a
+        // clean unmount leaves none for the next mount to upload again.
+        if let Err(e) = self.store.sync() {
+            tracing::warn!(error = %e, "metadata not durable at unmount: dirty marks stay");
+            return all;
+        }
+        self.undirty_durable();
         all
     }
 

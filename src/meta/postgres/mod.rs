@@ -12,8 +12,11 @@
 //! a `DELETE … WHERE k = ANY($1)` and an `INSERT … ON CONFLICT DO UPDATE`
 //! joined in one CTE, which PostgreSQL runs atomically. Durable on return:
 //! `synchronous_commit` is set on for every connection, whatever the
-//! server's default. The core's group commit amortises the commit latency
-//! as it does LMDB's fsync.
+//! server's default — except the commits of joined daemons that only need
+//! to be visible ([`MetaStore::commit_iter_visible`]), which turn it off
+//! for their own transaction in the same statement and are made durable
+//! later by [`MetaStore::make_durable`]. The core's group commit amortises
+//! the commit latency as it does LMDB's fsync.
 //!
 //! Faults: a connection that fails is dropped and the call tried again on a
 //! new one; while the server cannot be reached (restarting, "starting up")
@@ -426,7 +429,8 @@ impl PgStore {
                  logged AS (INSERT INTO safs_changes (epoch, keys) SELECT epoch, $6 FROM v), \
                  pruned AS (DELETE FROM safs_changes WHERE epoch <= $4 - $7 \
                             AND EXISTS (SELECT 1 FROM v)) \
-                 SELECT epoch, pg_notify('safs', epoch::text)::text FROM v",
+                 SELECT epoch, pg_notify('safs', epoch::text)::text, \
+                        set_config('synchronous_commit', $8, true) FROM v",
             )
             .map_err(engine_err)?;
         Ok(Conn {
@@ -772,14 +776,14 @@ impl PgStore {
     }
 }
 
-impl MetaStore for PgStore {
-    fn counters(&self) -> EngineCounters {
-        self.tally.counters()
-    }
-
-    fn commit_iter<'a>(
+impl PgStore {
+    /// [`MetaStore::commit_iter`], durable on return or (`durable` false,
+    /// joined daemons) only visible: `synchronous_commit` off for this one
+    /// transaction, set in its statement (no round trip of its own).
+    fn commit_as<'a>(
         &self,
         batch: &mut dyn Iterator<Item = WriteRef<'a>>,
+        durable: bool,
     ) -> Result<(), MetaError> {
         // The last write of each key wins, as in a batch applied in order;
         // the statement needs disjoint deletes and puts, each key once.
@@ -821,6 +825,7 @@ impl MetaStore for PgStore {
                         &token,
                         &logged,
                         &CHANGES_KEPT,
+                        &if durable { "on" } else { "off" },
                     ],
                 )
             })?;
@@ -867,6 +872,60 @@ impl MetaStore for PgStore {
                  (nothing more is committed here)"
                     .into(),
             ));
+        }
+        Ok(())
+    }
+}
+
+impl MetaStore for PgStore {
+    fn counters(&self) -> EngineCounters {
+        self.tally.counters()
+    }
+
+    fn commit_iter<'a>(
+        &self,
+        batch: &mut dyn Iterator<Item = WriteRef<'a>>,
+    ) -> Result<(), MetaError> {
+        self.commit_as(batch, true)
+    }
+
+    fn commit_iter_visible<'a>(
+        &self,
+        batch: &mut dyn Iterator<Item = WriteRef<'a>>,
+    ) -> Result<(), MetaError> {
+        self.commit_as(batch, false)
+    }
+
+    /// Joined daemons only: a lost commit moves the epoch back under their
+    /// lease, so their next commit is refused and their caches dropped
+    /// (`MetaError::LeaseLost`), as for a lease lost otherwise.
+    fn visible_before_durable(&self) -> bool {
+        self.joined.get().is_some()
+    }
+
+    fn make_durable(&self) -> Result<(), MetaError> {
+        let Some(j) = self.joined.get() else {
+            return Ok(());
+        };
+        // A write committed synchronously flushes the WAL up to its own
+        // commit record, so every commit before it: the cheapest one is
+        // this daemon's own session row, which nobody else writes.
+        // (A simple query: one round trip, and no statement to prepare on
+        // every connection.) Without its row (another daemon took this one
+        // for dead during an outage; the keeper puts it back) the volume's
+        // row, which commits write anyway.
+        let sql = format!("UPDATE safs_sessions SET since = since WHERE id = {}", j.id);
+        let wrote = self.with_conn(|c| {
+            Ok(c.client
+                .simple_query(&sql)?
+                .iter()
+                .any(|m| matches!(m, postgres::SimpleQueryMessage::CommandComplete(n) if *n > 0)))
+        })?;
+        if !wrote {
+            self.with_conn(|c| {
+                c.client
+                    .batch_execute("UPDATE safs_volume SET epoch = epoch")
+            })?;
         }
         Ok(())
     }
@@ -1733,6 +1792,51 @@ mod tests {
         drop(a);
         assert!(b.alone().unwrap());
         assert_eq!(b.sessions().unwrap().len(), 1);
+    }
+
+    /// A commit only made visible is seen by every connection at once,
+    /// turns `synchronous_commit` off for its own transaction only, and is
+    /// made durable by a flush — also when the session's row is gone.
+    #[test]
+    fn visible_commits_are_seen_at_once_and_made_durable_by_a_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = TempCluster::start(dir.path()).unwrap();
+        let info = cluster.conninfo("postgres");
+        drop(PgStore::create(&info, false).unwrap());
+        let a = PgStore::open(&info).unwrap();
+        assert!(!a.visible_before_durable(), "not before joining");
+        assert!(a.join(&who(1)).unwrap());
+        assert!(a.visible_before_durable());
+        assert_eq!(a.lease(0).unwrap().epoch, 0);
+        let batch = [(&b"k"[..], Some(&b"v"[..]))];
+        a.commit_iter_visible(&mut batch.iter().copied()).unwrap();
+        let mut other = postgres::Client::connect(&info, NoTls).unwrap();
+        let seen: Vec<u8> = other
+            .query_one("SELECT v FROM safs_kv WHERE k = $1", &[&&b"k"[..]])
+            .unwrap()
+            .get(0);
+        assert_eq!(seen, b"v");
+        for _ in 0..4 {
+            let setting: String = a
+                .with_conn(|c| Ok(c.client.query_one("SHOW synchronous_commit", &[])?.get(0)))
+                .unwrap();
+            assert_eq!(
+                setting, "on",
+                "the setting stayed off on a pooled connection"
+            );
+        }
+        a.make_durable().unwrap();
+        other
+            .execute(
+                "DELETE FROM safs_sessions WHERE id = $1",
+                &[&(a.session_id() as i64)],
+            )
+            .unwrap();
+        let batch = [(&b"k"[..], Some(&b"w"[..]))];
+        a.commit_iter_visible(&mut batch.iter().copied()).unwrap();
+        a.make_durable().unwrap();
+        a.release();
+        assert_eq!(a.get(b"k").unwrap().as_deref(), Some(&b"w"[..]));
     }
 
     #[test]
