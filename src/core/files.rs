@@ -356,8 +356,12 @@ impl Fs {
             && let Some(meta) = &meta
             && let Ok(mut inode) = self.inode(&mut st, h.ino.0)
         {
+            let was = inode.clone();
             self.reconcile_with(&mut inode, meta)?;
-            self.put_inode(&mut st, &mut w, h.ino.0, inode);
+            // Unchanged (a close's upload recorded it already): no commit.
+            if inode != was {
+                self.put_inode(&mut st, &mut w, h.ino.0, inode);
+            }
         }
         if closed.last {
             if let Some(meta) = &meta {

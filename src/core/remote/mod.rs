@@ -1080,10 +1080,15 @@ impl Fs {
                 return Ok(None);
             }
             let mut inode = c.inode.clone();
-            let size = self.data.plain_size(len);
-            if inode.size != size {
-                inode.size = size;
+            if len == meta.len() {
+                // Its times too, as the last writer's release records them:
+                // that then finds nothing to change, and commits nothing.
+                self.reconcile_with(&mut inode, &meta)?;
+            } else {
+                inode.size = self.data.plain_size(len);
                 inode.blocks = std::os::unix::fs::MetadataExt::blocks(&meta);
+            }
+            if inode != c.inode {
                 self.put_inode(&mut st, &mut w, ino, inode);
             }
             if w.is_empty() { 0 } else { self.store.apply(w) }
