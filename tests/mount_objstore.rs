@@ -600,8 +600,18 @@ struct Node {
 impl Node {
     #[track_caller]
     fn mount(vol: std::path::PathBuf, mnt: std::path::PathBuf) -> Node {
+        Node::mount_with(vol, mnt, "")
+    }
+
+    /// [`Node::mount`] with mount options (`-o`), if any.
+    #[track_caller]
+    fn mount_with(vol: std::path::PathBuf, mnt: std::path::PathBuf, opts: &str) -> Node {
         fs::create_dir_all(&mnt).unwrap();
-        safs(["mount", s(&vol), s(&mnt)]).assert_success("safs mount");
+        let mut args = vec!["mount", s(&vol), s(&mnt)];
+        if !opts.is_empty() {
+            args.extend(["-o", opts]);
+        }
+        safs(args).assert_success("safs mount");
         Node {
             vol,
             mnt,
@@ -676,7 +686,9 @@ fn two_nodes_share_nothing_but_the_database_and_the_store() {
         "{}",
         out.stderr
     );
-    let mut a = Node::mount(va.clone(), dir.path().join("mnt-a"));
+    // A commits asynchronously (its closes wait for visibility, not for
+    // durability): what B reads of A's files must not change.
+    let mut a = Node::mount_with(va.clone(), dir.path().join("mnt-a"), "async_commit");
     let mut b = Node::mount(vb.clone(), dir.path().join("mnt-b"));
 
     // Written and closed on A, read exactly on B right after the close

@@ -39,6 +39,9 @@ pub struct MountArgs {
     #[arg(short, long)]
     pub foreground: bool,
     /// Mount options, comma-separated: allow_other, ro, sync, dirsync,
+    /// async_commit (PostgreSQL volumes: a commit nobody waits to be durable
+    /// is made visible at once and durable within 50 ms — a crash of the
+    /// PostgreSQL server can lose those 50 ms of unsynced changes),
     /// passthrough, nopassthrough, nonempty, dev, suid, noexec,
     /// nosymfollow, relatime (default), noatime, strictatime, nodiratime,
     /// commit_ms=N (default 5, 2 on PostgreSQL volumes), threads=N, cache_mb=N (inode cache budget, default 256),
@@ -100,6 +103,9 @@ struct MountOpts {
     read_only: bool,
     sync: bool,
     dirsync: bool,
+    /// Shared volumes: commits nobody syncs are visible at once and
+    /// durable within 50 ms (see `core::store`).
+    async_commit: bool,
     data_path: DataPath,
     transport: Transport,
     nonempty: bool,
@@ -160,6 +166,7 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
         read_only: false,
         sync: false,
         dirsync: false,
+        async_commit: false,
         data_path: DataPath::Auto,
         transport: match std::env::var("SAFS_TRANSPORT") {
             Ok(v) => transport(Some(&v)).context("environment variable SAFS_TRANSPORT")?,
@@ -204,6 +211,7 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
             "sync" => o.sync = true,
             "async" => o.sync = false,
             "dirsync" => o.dirsync = true,
+            "async_commit" => o.async_commit = true,
             "passthrough" => o.data_path = DataPath::Passthrough,
             "nopassthrough" => o.data_path = DataPath::Daemon,
             "transport" => o.transport = transport(val)?,
@@ -615,6 +623,7 @@ fn serve(
             )),
             sync: o.sync,
             dirsync: o.dirsync,
+            async_commit: o.async_commit,
             atime: o.atime,
             read_only: o.read_only,
             cache_bytes: (o.cache_mb as usize) << 20,

@@ -125,6 +125,9 @@ pub struct Options {
     /// Commit every change to a directory (create, link, unlink, rename)
     /// before replying.
     pub dirsync: bool,
+    /// Shared volumes: commits nobody waits to be durable are only made
+    /// visible, and durable soon after (see `store`).
+    pub async_commit: bool,
     /// When reads update access times.
     pub atime: Atime,
     /// Inodes kept decoded in memory, at most...
@@ -155,6 +158,7 @@ impl Default for Options {
             commit_interval: Duration::from_millis(5),
             sync: false,
             dirsync: false,
+            async_commit: false,
             atime: Atime::default(),
             inode_cache: 262_144,
             cache_bytes: 256 << 20,
@@ -322,6 +326,7 @@ impl Fs {
             None
         };
         let store = Store::new(engine, opts.commit_interval, hold);
+        store.set_async_commit(opts.async_commit);
         let atime = opts.atime;
         // The directory cache: on by default where it saves the most (names
         // to encrypt, records to open; on a shared volume, a round trip to

@@ -128,6 +128,7 @@ fn setup(budget: u32) -> T {
 fn remount(dir: &std::path::Path, engine: &Arc<Recording>, sb: Superblock) -> Fs {
     let opts = Options {
         commit_interval: Duration::from_millis(1),
+        async_commit: false,
         ..Options::default()
     };
     Fs::mount(dir, engine.clone() as Arc<dyn MetaStore>, sb, opts).unwrap()
@@ -139,6 +140,7 @@ fn remount_with_dircache(t: &mut T, on: bool) {
         t,
         Options {
             commit_interval: Duration::from_millis(1),
+            async_commit: false,
             dircache: Some(on),
             ..Options::default()
         },
@@ -900,6 +902,7 @@ fn inode_cache_stays_within_its_byte_budget() {
     let t = setup(64);
     let opts = Options {
         commit_interval: Duration::from_millis(1),
+        async_commit: false,
         cache_bytes: 64 << 10,
         ..Options::default()
     };
@@ -1000,6 +1003,7 @@ fn encrypted_volume_keeps_names_and_values_sealed() {
         });
         let opts = Options {
             commit_interval: Duration::from_millis(1),
+            async_commit: false,
             keys,
             ..Options::default()
         };
@@ -1154,6 +1158,7 @@ fn dircache_agrees_with_the_engine() {
                     let mut t = setup(64);
                     let opts = Options {
                         commit_interval: Duration::from_millis(1),
+                        async_commit: false,
                         dircache: Some(on),
                         ..Options::default()
                     };

@@ -1079,16 +1079,16 @@ impl Fs {
                 }
                 return Ok(None);
             }
+            // The size only: the times and blocks go with the last
+            // writer's release, off the close's path (recorded here, the
+            // map mark set below changes the backing file's blocks, and
+            // the release's upload then waited for a commit of its own:
+            // twice the commits per closed file).
             let mut inode = c.inode.clone();
-            if len == meta.len() {
-                // Its times too, as the last writer's release records them:
-                // that then finds nothing to change, and commits nothing.
-                self.reconcile_with(&mut inode, &meta)?;
-            } else {
-                inode.size = self.data.plain_size(len);
+            let size = self.data.plain_size(len);
+            if inode.size != size {
+                inode.size = size;
                 inode.blocks = std::os::unix::fs::MetadataExt::blocks(&meta);
-            }
-            if inode != c.inode {
                 self.put_inode(&mut st, &mut w, ino, inode);
             }
             if w.is_empty() { 0 } else { self.store.apply(w) }
