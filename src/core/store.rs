@@ -1498,6 +1498,25 @@ mod tests {
     use crate::meta::{MemStore, MetaRead};
     use proptest::prelude::*;
 
+    /// `MetaRead` for a test engine: its `inner` store's reads.
+    macro_rules! reads_from_inner {
+        ($t:ty) => {
+            impl MetaRead for $t {
+                fn get(&self, key: &[u8]) -> std::result::Result<Option<Vec<u8>>, MetaError> {
+                    self.inner.get(key)
+                }
+                fn scan(
+                    &self,
+                    s: &[u8],
+                    e: &[u8],
+                    l: usize,
+                ) -> std::result::Result<crate::meta::Pairs, MetaError> {
+                    self.inner.scan(s, e, l)
+                }
+            }
+        };
+    }
+
     /// An engine whose commits fail while `failing` is set, and which
     /// holds a fixed amount of space.
     struct Faulty {
@@ -1506,19 +1525,7 @@ mod tests {
         held: u64,
     }
 
-    impl MetaRead for Faulty {
-        fn get(&self, key: &[u8]) -> std::result::Result<Option<Vec<u8>>, MetaError> {
-            self.inner.get(key)
-        }
-        fn scan(
-            &self,
-            s: &[u8],
-            e: &[u8],
-            l: usize,
-        ) -> std::result::Result<crate::meta::Pairs, MetaError> {
-            self.inner.scan(s, e, l)
-        }
-    }
+    reads_from_inner!(Faulty);
 
     impl MetaStore for Faulty {
         fn commit_iter<'a>(
@@ -1611,19 +1618,7 @@ mod tests {
         flush_fails: AtomicBool,
     }
 
-    impl MetaRead for Lazy {
-        fn get(&self, key: &[u8]) -> std::result::Result<Option<Vec<u8>>, MetaError> {
-            self.inner.get(key)
-        }
-        fn scan(
-            &self,
-            s: &[u8],
-            e: &[u8],
-            l: usize,
-        ) -> std::result::Result<crate::meta::Pairs, MetaError> {
-            self.inner.scan(s, e, l)
-        }
-    }
+    reads_from_inner!(Lazy);
 
     impl MetaStore for Lazy {
         fn commit_iter<'a>(
@@ -2053,19 +2048,7 @@ mod tests {
         }
     }
 
-    impl MetaRead for Shared2 {
-        fn get(&self, key: &[u8]) -> std::result::Result<Option<Vec<u8>>, MetaError> {
-            self.inner.get(key)
-        }
-        fn scan(
-            &self,
-            s: &[u8],
-            e: &[u8],
-            l: usize,
-        ) -> std::result::Result<crate::meta::Pairs, MetaError> {
-            self.inner.scan(s, e, l)
-        }
-    }
+    reads_from_inner!(Shared2);
 
     impl MetaStore for Shared2 {
         fn commit_iter<'a>(
