@@ -404,6 +404,12 @@ fn a_postgresql_server_crash_under_a_workload_loses_nothing_acknowledged() {
         log.contains("PostgreSQL unavailable"),
         "seed {seed}: the daemon never met the crashed server: {log}"
     );
+    // Commits made visible before durable that the crash lost were
+    // committed again (one daemon: nothing of another's between them).
+    assert!(
+        !log.contains("their changes are lost") && !log.contains("write lease was lost"),
+        "seed {seed}: changes were lost: {log}"
+    );
     assert!(
         !log.contains("metadata commit failed"),
         "seed {seed}: a commit failed instead of waiting: {log}"

@@ -686,10 +686,11 @@ fn two_nodes_share_nothing_but_the_database_and_the_store() {
         "{}",
         out.stderr
     );
-    // A commits asynchronously (its closes wait for visibility, not for
-    // durability): what B reads of A's files must not change.
-    let mut a = Node::mount_with(va.clone(), dir.path().join("mnt-a"), "async_commit");
-    let mut b = Node::mount(vb.clone(), dir.path().join("mnt-b"));
+    // A commits asynchronously (the default: its closes wait for
+    // visibility, not for durability), B durably: what either reads of the
+    // other's files must not change.
+    let mut a = Node::mount(va.clone(), dir.path().join("mnt-a"));
+    let mut b = Node::mount_with(vb.clone(), dir.path().join("mnt-b"), "noasync_commit");
 
     // Written and closed on A, read exactly on B right after the close
     // returned (close-to-open: the close puts the contents in the store),

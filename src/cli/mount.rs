@@ -39,9 +39,10 @@ pub struct MountArgs {
     #[arg(short, long)]
     pub foreground: bool,
     /// Mount options, comma-separated: allow_other, ro, sync, dirsync,
-    /// async_commit (PostgreSQL volumes: a commit nobody waits to be durable
-    /// is made visible at once and durable within 50 ms — a crash of the
-    /// PostgreSQL server can lose those 50 ms of unsynced changes),
+    /// async_commit (default; PostgreSQL volumes: a commit nobody waits to
+    /// be durable is made visible at once and durable within 50 ms; after a
+    /// server crash each node commits its lost ones again), noasync_commit
+    /// (every commit durable before it is visible),
     /// passthrough, nopassthrough, nonempty, dev, suid, noexec,
     /// nosymfollow, relatime (default), noatime, strictatime, nodiratime,
     /// commit_ms=N (default 5, 2 on PostgreSQL volumes), threads=N, cache_mb=N (inode cache budget, default 256),
@@ -166,7 +167,7 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
         read_only: false,
         sync: false,
         dirsync: false,
-        async_commit: false,
+        async_commit: true,
         data_path: DataPath::Auto,
         transport: match std::env::var("SAFS_TRANSPORT") {
             Ok(v) => transport(Some(&v)).context("environment variable SAFS_TRANSPORT")?,
@@ -212,6 +213,7 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
             "async" => o.sync = false,
             "dirsync" => o.dirsync = true,
             "async_commit" => o.async_commit = true,
+            "noasync_commit" => o.async_commit = false,
             "passthrough" => o.data_path = DataPath::Passthrough,
             "nopassthrough" => o.data_path = DataPath::Daemon,
             "transport" => o.transport = transport(val)?,

@@ -1463,6 +1463,24 @@ impl Store {
                     ov.ahead_since = None;
                 }
             }
+            Err(MetaError::LeaseLost(why)) => {
+                // What landed and was not durable is gone (a server that
+                // restarted lost it and it could not be committed again):
+                // its waiters fail; the engine refuses the next commit
+                // (computed on it) and the caches are reset with the lease.
+                drop(ov);
+                let mut l = self.lease.lock();
+                ov = self.overlay.lock();
+                tracing::error!(
+                    "changes committed but not yet durable were lost ({why}); reloading everything from the database"
+                );
+                let first = ov.durable_seq + 1;
+                ov.lost = Some((first, ov.landed_seq));
+                ov.durable_seq = ov.landed_seq;
+                ov.ahead_since = None;
+                l.reset = true;
+                l.draining = l.held;
+            }
             Err(e) => {
                 if !failed_before {
                     tracing::error!(error = %e, "cannot make committed metadata durable: fsync fails until it can; retried");

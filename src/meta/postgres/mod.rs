@@ -51,6 +51,7 @@ mod locks;
 /// Private clusters for tests and the bench (`crates/safs-pgcluster`).
 pub use safs_pgcluster as cluster;
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
@@ -116,6 +117,9 @@ CREATE TABLE safs_sessions (id bigserial PRIMARY KEY, host text NOT NULL, pid in
 CREATE TABLE safs_changes (epoch bigint PRIMARY KEY, keys bytea[] NOT NULL);
 ";
 
+/// Values' compression (see `PgStore::create`).
+const KV_LZ4: &str = "ALTER TABLE safs_kv ALTER COLUMN v SET COMPRESSION lz4";
+
 /// Every table a volume has (the lock tables too).
 const DROP_ALL: &str = "DROP TABLE IF EXISTS safs_kv, safs_volume, safs_sessions, safs_changes, \
                         safs_locks, safs_lock_waits";
@@ -155,6 +159,9 @@ struct Conn {
     /// is still the lease's (and the claim number ours), bumps it, logs the
     /// keys and rings the doorbell; returns the new epoch, or no row.
     leased_commit: Statement,
+    /// When the server this connection reaches started (µs): commits made
+    /// visible on a server that started since may have been lost with it.
+    born: i64,
 }
 
 /// A store that joined the volume: its session, the lease it may hold and
@@ -170,6 +177,25 @@ struct Joined {
     /// Rung when some daemon's locks change (see [`Shared::on_locks_changed`]).
     locks_rang: LocksRing,
     watcher: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Commits made visible and not yet known durable, oldest first: a
+    /// server crash loses them, and [`PgStore::recover_unflushed`] commits
+    /// them again.
+    unflushed: Mutex<Vec<Unflushed>>,
+    /// Some of them were lost for good: the next commit is refused
+    /// (`MetaError::LeaseLost`, which drops what was computed on them) and
+    /// the next lease resets every cache.
+    lost: std::sync::atomic::AtomicBool,
+}
+
+/// One commit made visible before durable, as it was sent.
+struct Unflushed {
+    /// The epoch it made.
+    epoch: i64,
+    /// The server it landed on (`Conn::born`).
+    born: i64,
+    gone: Vec<Vec<u8>>,
+    keys: Vec<Vec<u8>>,
+    values: Vec<Vec<u8>>,
 }
 
 type LocksRing = Arc<Mutex<Option<Box<dyn Fn() + Send + Sync>>>>;
@@ -310,6 +336,20 @@ impl PgStore {
                 t.batch_execute(DROP_ALL).map_err(engine_err)?;
             }
             t.batch_execute(SCHEMA).map_err(engine_err)?;
+            // The server compresses values over ~2 KiB (spilled xattrs,
+            // directory pages) on every write; lz4 costs a third of the
+            // default pglz's CPU. A server without it (before 14, or built
+            // without lz4) keeps pglz.
+            let mut lz4 = t.savepoint("lz4").map_err(engine_err)?;
+            if lz4.batch_execute(KV_LZ4).is_ok() {
+                lz4.commit().map_err(engine_err)?;
+            } else {
+                drop(lz4);
+                tracing::info!(
+                    "{}: lz4 not offered, values compressed with pglz",
+                    store.shown
+                );
+            }
             t.execute(
                 "INSERT INTO safs_volume (version) VALUES ($1)",
                 &[&SCHEMA_VERSION],
@@ -433,7 +473,15 @@ impl PgStore {
                         set_config('synchronous_commit', $8, true) FROM v",
             )
             .map_err(engine_err)?;
+        let born: i64 = client
+            .query_one(
+                "SELECT (extract(epoch FROM pg_postmaster_start_time()) * 1e6)::bigint",
+                &[],
+            )
+            .map_err(engine_err)?
+            .get(0);
         Ok(Conn {
+            born,
             client,
             get,
             get_many,
@@ -613,9 +661,11 @@ impl PgStore {
     fn changes_on(c: &mut Client, seen: i64) -> Result<Changes, postgres::Error> {
         let now: i64 = c.query_one("SELECT epoch FROM safs_volume", &[])?.get(0);
         if now <= seen {
+            // Behind what was seen: commits were lost (a server restart),
+            // and what they changed is unknown here.
             return Ok(Changes {
                 epoch: now.max(0) as u64,
-                keys: Some(Vec::new()),
+                keys: (now == seen).then(Vec::new),
             });
         }
         let rows = c.query(
@@ -805,54 +855,7 @@ impl PgStore {
         self.tally.commit();
         let token = self.token.load(Relaxed);
         if let Some(j) = self.joined.get() {
-            let expect = j.epoch.load(Relaxed);
-            if expect < 0 {
-                return Err(MetaError::LeaseLost(
-                    "a commit without the write lease".into(),
-                ));
-            }
-            let logged: Vec<&[u8]> = gone.iter().chain(keys.iter()).copied().collect();
-            let tries = std::cell::Cell::new(0u32);
-            let row = self.with_conn(|c| {
-                tries.set(tries.get() + 1);
-                c.client.query_opt(
-                    &c.leased_commit,
-                    &[
-                        &gone,
-                        &keys,
-                        &values,
-                        &expect,
-                        &token,
-                        &logged,
-                        &CHANGES_KEPT,
-                        &if durable { "on" } else { "off" },
-                    ],
-                )
-            })?;
-            return match row {
-                Some(r) => {
-                    j.epoch.store(r.get(0), Relaxed);
-                    Ok(())
-                }
-                // An earlier try committed and its answer was lost with the
-                // connection (the server went down in between): the retry
-                // finds the epoch moved by one — by this very batch.
-                None if tries.get() > 1
-                    && self.landed(expect, token, &logged, &gone, &keys, &values)? =>
-                {
-                    tracing::info!(
-                        epoch = expect + 1,
-                        "a commit whose answer was lost had landed"
-                    );
-                    j.epoch.store(expect + 1, Relaxed);
-                    Ok(())
-                }
-                None => Err(MetaError::LeaseLost(
-                    "another daemon committed since this one took the lease, or fsck took \
-                     the volume over"
-                        .into(),
-                )),
-            };
+            return self.leased_commit(j, token, &gone, &keys, &values, durable);
         }
         if token == 0 {
             return self.with_conn(|c| {
@@ -874,6 +877,195 @@ impl PgStore {
             ));
         }
         Ok(())
+    }
+
+    /// A commit under the write lease (joined daemons): applied only while
+    /// the epoch is the one the lease left (see `Conn::leased_commit`).
+    fn leased_commit(
+        &self,
+        j: &Joined,
+        token: i64,
+        gone: &[&[u8]],
+        keys: &[&[u8]],
+        values: &[&[u8]],
+        durable: bool,
+    ) -> Result<(), MetaError> {
+        let logged: Vec<&[u8]> = gone.iter().chain(keys.iter()).copied().collect();
+        if j.lost.swap(false, Relaxed) {
+            return Err(MetaError::LeaseLost(
+                "the PostgreSQL server lost this daemon's commits".into(),
+            ));
+        }
+        let mut recovered = false;
+        loop {
+            let expect = j.epoch.load(Relaxed);
+            if expect < 0 {
+                return Err(MetaError::LeaseLost(
+                    "a commit without the write lease".into(),
+                ));
+            }
+            let (tries, born) = (Cell::new(0u32), Cell::new(0i64));
+            let row = self.with_conn(|c| {
+                tries.set(tries.get() + 1);
+                born.set(c.born);
+                c.client.query_opt(
+                    &c.leased_commit,
+                    &[
+                        &gone,
+                        &keys,
+                        &values,
+                        &expect,
+                        &token,
+                        &logged,
+                        &CHANGES_KEPT,
+                        &if durable { "on" } else { "off" },
+                    ],
+                )
+            })?;
+            let made = match row {
+                Some(r) => Some(r.get::<_, i64>(0)),
+                // An earlier try committed and its answer was lost with the
+                // connection (the server went down in between): the retry
+                // finds the epoch moved by one — by this very batch.
+                None if tries.get() > 1
+                    && self.landed(expect, token, &logged, gone, keys, values)? =>
+                {
+                    tracing::info!(
+                        epoch = expect + 1,
+                        "a commit whose answer was lost had landed"
+                    );
+                    Some(expect + 1)
+                }
+                None => None,
+            };
+            if let Some(epoch) = made {
+                j.epoch.store(epoch, Relaxed);
+                let mut u = j.unflushed.lock();
+                if durable {
+                    // Its WAL flush covered every commit before it on this
+                    // server, which holds them all: the epoch it expected
+                    // was there.
+                    u.clear();
+                } else {
+                    let owned = |v: &[&[u8]]| v.iter().map(|x| x.to_vec()).collect();
+                    u.push(Unflushed {
+                        epoch,
+                        born: born.get(),
+                        gone: owned(gone),
+                        keys: owned(keys),
+                        values: owned(values),
+                    });
+                }
+                return Ok(());
+            }
+            // Not the epoch this lease left: if a server crash lost this
+            // daemon's unflushed commits, they are committed again, and
+            // then this batch on top of them.
+            if recovered || j.unflushed.lock().is_empty() || !self.recover_unflushed(j)? {
+                return Err(MetaError::LeaseLost(
+                    "another daemon committed since this one took the lease, or fsck took \
+                     the volume over"
+                        .into(),
+                ));
+            }
+            recovered = true;
+        }
+    }
+
+    /// After a server restart, commits made visible but not durable may be
+    /// gone. Those the server still holds (its change log names their keys
+    /// at their epochs) are durable now; the rest are committed again, in
+    /// order and durably, if they follow the server's epoch with nothing of
+    /// another daemon's between them (the server keeps a prefix of what
+    /// was committed: anything of another daemon's after them was built on
+    /// them and is gone too, for that daemon to commit again). One
+    /// transaction holding the volume row: no commit comes between.
+    /// Returns whether this daemon's commits are all on the server again;
+    /// false when some cannot be (their changes are lost, as a crash
+    /// loses what nobody synced).
+    fn recover_unflushed(&self, j: &Joined) -> Result<bool, MetaError> {
+        let mut u = j.unflushed.lock();
+        if u.is_empty() {
+            return Ok(true);
+        }
+        let token = self.token.load(Relaxed);
+        let epochs: Vec<i64> = u.iter().map(|c| c.epoch).collect();
+        let (whole, replayed, now) = self.with_conn(|c| {
+            let Conn {
+                client,
+                leased_commit,
+                ..
+            } = c;
+            let mut t = client.transaction()?;
+            let v = t.query_one("SELECT epoch, claim FROM safs_volume FOR UPDATE", &[])?;
+            let (mut now, claim): (i64, i64) = (v.get(0), v.get(1));
+            if claim != token {
+                return Ok((false, 0, now));
+            }
+            let logged: BTreeMap<i64, Vec<Vec<u8>>> = t
+                .query(
+                    "SELECT epoch, keys FROM safs_changes WHERE epoch = ANY($1)",
+                    &[&epochs],
+                )?
+                .into_iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            let mut replayed = 0;
+            for c in u.iter() {
+                let mut ours: Vec<Vec<u8>> = c.gone.iter().chain(&c.keys).cloned().collect();
+                if c.epoch <= now {
+                    let mut theirs = logged.get(&c.epoch).cloned().unwrap_or_default();
+                    theirs.sort_unstable();
+                    ours.sort_unstable();
+                    if theirs != ours {
+                        return Ok((false, replayed, now));
+                    }
+                    continue;
+                }
+                if c.epoch != now + 1 {
+                    return Ok((false, replayed, now));
+                }
+                let r = t.query_opt(
+                    &*leased_commit,
+                    &[
+                        &c.gone,
+                        &c.keys,
+                        &c.values,
+                        &now,
+                        &token,
+                        &ours,
+                        &CHANGES_KEPT,
+                        &"on",
+                    ],
+                )?;
+                if r.is_none() {
+                    return Ok((false, replayed, now));
+                }
+                now += 1;
+                replayed += 1;
+            }
+            t.commit()?;
+            Ok((true, replayed, now))
+        })?;
+        if whole {
+            if replayed > 0 {
+                tracing::warn!(
+                    commits = replayed,
+                    epoch = now,
+                    "the PostgreSQL server lost commits it had made visible and not yet durable (it restarted): committed again"
+                );
+            }
+            j.epoch.store(now, Relaxed);
+            u.clear();
+        } else {
+            tracing::error!(
+                commits = u.len(),
+                "the PostgreSQL server lost commits it had made visible and not yet durable, and another daemon's commits came between them: their changes are lost"
+            );
+            u.clear();
+            j.lost.store(true, Relaxed);
+        }
+        Ok(whole)
     }
 }
 
@@ -914,8 +1106,13 @@ impl MetaStore for PgStore {
         // every connection.) Without its row (another daemon took this one
         // for dead during an outage; the keeper puts it back) the volume's
         // row, which commits write anyway.
+        // What it covers: the unflushed commits made before it, if they
+        // landed on the server it flushed (not one that restarted since).
+        let upto = j.unflushed.lock().last().map(|c| c.epoch);
+        let born = Cell::new(0i64);
         let sql = format!("UPDATE safs_sessions SET since = since WHERE id = {}", j.id);
         let wrote = self.with_conn(|c| {
+            born.set(c.born);
             Ok(c.client
                 .simple_query(&sql)?
                 .iter()
@@ -923,11 +1120,29 @@ impl MetaStore for PgStore {
         })?;
         if !wrote {
             self.with_conn(|c| {
+                born.set(c.born);
                 c.client
                     .batch_execute("UPDATE safs_volume SET epoch = epoch")
             })?;
         }
-        Ok(())
+        let Some(upto) = upto else {
+            return Ok(());
+        };
+        {
+            let mut u = j.unflushed.lock();
+            let covered = u.iter().take_while(|c| c.epoch <= upto).count();
+            if u[..covered].iter().all(|c| c.born == born.get()) {
+                u.drain(..covered);
+                return Ok(());
+            }
+        }
+        if self.recover_unflushed(j)? {
+            Ok(())
+        } else {
+            Err(MetaError::LeaseLost(
+                "the PostgreSQL server lost this daemon's commits".into(),
+            ))
+        }
     }
 
     fn set_outage_wait(&self, wait: Duration) {
@@ -1071,6 +1286,8 @@ impl PgStore {
             stop: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             locks_rang: Arc::default(),
             watcher: Mutex::new(None),
+            unflushed: Mutex::new(Vec::new()),
+            lost: Default::default(),
         });
         self.start_keeper(client, Mode::Shared, id)
     }
@@ -1114,7 +1331,7 @@ impl Shared for PgStore {
     fn lease(&self, seen: u64) -> Result<Changes, MetaError> {
         let j = self.joined.get().expect("joined");
         let seen = seen as i64;
-        let changes = self.with_writer(j, true, |c| {
+        let mut changes = self.with_writer(j, true, |c| {
             c.execute("SELECT pg_advisory_lock($1)::text", &[&WRITE_LOCK])?;
             match Self::changes_on(c, seen) {
                 Ok(ch) => Ok(ch),
@@ -1124,7 +1341,22 @@ impl Shared for PgStore {
                 }
             }
         })?;
+        // Behind what this daemon saw: a server restart lost commits. Its
+        // own are committed again (under the lease, before anyone reads
+        // the log past them).
+        if (changes.epoch as i64) < seen
+            && !j.unflushed.lock().is_empty()
+            && self.recover_unflushed(j)?
+        {
+            changes = self.with_writer(j, true, |c| Self::changes_on(c, seen))?;
+        }
         j.epoch.store(changes.epoch as i64, Relaxed);
+        if j.lost.swap(false, Relaxed) {
+            return Ok(Changes {
+                keys: None,
+                ..changes
+            });
+        }
         Ok(changes)
     }
 
@@ -1520,6 +1752,17 @@ mod tests {
         let cluster = TempCluster::start(dir.path()).unwrap();
         let info = cluster.conninfo("postgres");
         let store = PgStore::create(&info, false).unwrap();
+        let compression: i8 = store
+            .raw_client()
+            .unwrap()
+            .query_one(
+                "SELECT attcompression FROM pg_attribute \
+                 WHERE attrelid = 'safs_kv'::regclass AND attname = 'v'",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(compression as u8, b'l', "safs_kv.v compressed with lz4");
         super::super::conformance::run(&store);
         // Byte order, as LMDB keeps it: 0xff sorts after 0x7f, a prefix
         // before its extensions.
@@ -1837,6 +2080,94 @@ mod tests {
         a.make_durable().unwrap();
         a.release();
         assert_eq!(a.get(b"k").unwrap().as_deref(), Some(&b"w"[..]));
+    }
+
+    #[test]
+    fn visible_commits_a_server_crash_lost_are_committed_again_unless_another_daemons_came_between()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = TempCluster::start(dir.path()).unwrap();
+        let info = cluster.conninfo("postgres");
+        drop(PgStore::create(&info, false).unwrap());
+        // A crash of the server (restarted at once), losing every commit
+        // after `epoch` — as one whose WAL was not flushed loses them; if
+        // the WAL writer flushed some first, their loss is made by hand.
+        let crash_back_to = |epoch: i64| {
+            cluster.restart().unwrap();
+            let mut c = postgres::Client::connect(&info, NoTls).unwrap();
+            let mut t = c.transaction().unwrap();
+            let logged: Vec<Vec<u8>> = t
+                .query(
+                    "DELETE FROM safs_changes WHERE epoch > $1 RETURNING keys",
+                    &[&epoch],
+                )
+                .unwrap()
+                .into_iter()
+                .flat_map(|r| r.get::<_, Vec<Vec<u8>>>(0))
+                .collect();
+            t.execute("DELETE FROM safs_kv WHERE k = ANY($1)", &[&logged])
+                .unwrap();
+            t.execute("UPDATE safs_volume SET epoch = $1", &[&epoch])
+                .unwrap();
+            t.commit().unwrap();
+        };
+        let put = |s: &PgStore, k: &[u8], durable: bool| {
+            let batch = [(k, Some(&b"v"[..]))];
+            if durable {
+                s.commit_iter(&mut batch.iter().copied())
+            } else {
+                s.commit_iter_visible(&mut batch.iter().copied())
+            }
+        };
+        let on_server = |k: &[u8]| {
+            let mut c = postgres::Client::connect(&info, NoTls).unwrap();
+            c.query_opt("SELECT 1 FROM safs_kv WHERE k = $1", &[&k])
+                .unwrap()
+                .is_some()
+        };
+        let (a, b) = (PgStore::open(&info).unwrap(), PgStore::open(&info).unwrap());
+        assert!(a.join(&who(1)).unwrap() && b.join(&who(2)).unwrap());
+        a.lease(0).unwrap();
+        put(&a, b"k0", true).unwrap();
+        put(&a, b"k1", false).unwrap();
+        put(&a, b"k2", false).unwrap();
+        assert!(on_server(b"k2"), "visible at once");
+        crash_back_to(1);
+        assert!(!on_server(b"k1"), "the crash lost what was not durable");
+        // The next commit finds the epoch moved back, commits the lost two
+        // again, then itself; the flush after covers them.
+        put(&a, b"k3", false).unwrap();
+        a.make_durable().unwrap();
+        assert_eq!(a.release(), 4);
+        for k in [&b"k0"[..], b"k1", b"k2", b"k3"] {
+            assert!(on_server(k), "{k:?} committed again");
+        }
+        cluster.restart().unwrap();
+        assert!(on_server(b"k3"), "durable after the flush");
+
+        // A's commit, then B's on top of it, both lost: B cannot commit
+        // its own again first (A's is missing under it); A can.
+        a.lease(4).unwrap();
+        put(&a, b"a5", false).unwrap();
+        assert_eq!(a.release(), 5);
+        b.lease(4).unwrap();
+        put(&b, b"b6", false).unwrap();
+        assert_eq!(b.release(), 6);
+        crash_back_to(4);
+        let seen_by_b = b.lease(6).unwrap();
+        assert_eq!(seen_by_b.epoch, 4);
+        assert!(seen_by_b.keys.is_none(), "B's caches are reset");
+        b.release();
+        let seen_by_a = a.lease(5).unwrap();
+        assert_eq!(seen_by_a.epoch, 5, "A committed its own again");
+        assert_eq!(seen_by_a.keys, Some(Vec::new()));
+        a.make_durable().unwrap();
+        a.release();
+        assert!(on_server(b"a5"));
+        assert!(
+            !on_server(b"b6"),
+            "B's commit is lost, as its caches were told"
+        );
     }
 
     #[test]
