@@ -91,12 +91,13 @@ fn a_volume_on_postgresql_serves_the_namespace_xattrs_and_contents_across_remoun
     std::fs::remove_file(v.path("d/f1")).unwrap();
     v.unmount();
     v.mount();
-    // The first cold lookup in a directory reads its entry and inode in
-    // one round trip, and the getxattr after it the spill pages. The next
-    // one, the last having found its name, reads a window: the entries
-    // from its name on (a scan), their inodes (one read of many) and,
-    // most of them having values beside them, their spill pages (a scan).
-    // Every lookup and getxattr after that costs no read.
+    // `s` is found by a window of the root's entries (the root's last cold
+    // lookup, of `d`, found its name), so the first cold lookup in it reads a window too, and from its
+    // first entry, as it holds fewer than a window: the entries (a scan),
+    // their inodes (one read of many) and, most of them having values
+    // beside them, their spill pages (a scan). Every lookup and getxattr
+    // after that costs no read. (A path walk's lookups, one per directory,
+    // read a name alone: the unit tests in core count both.)
     let reads = |v: &TestVolume, i: usize| {
         let before = engine_reads(v);
         let name = v.path(format!("s/f{i}"));
@@ -104,10 +105,10 @@ fn a_volume_on_postgresql_serves_the_namespace_xattrs_and_contents_across_remoun
         let after = engine_reads(v);
         (after.0 - before.0, after.1 - before.1)
     };
+    std::fs::metadata(v.path("d")).unwrap();
     std::fs::metadata(v.path("s")).unwrap();
-    assert_eq!(reads(v, 0), (1, 1), "(point reads, scans), first lookup");
-    assert_eq!(reads(v, 1), (1, 2), "(point reads, scans), the window");
-    for i in 2..20 {
+    assert_eq!(reads(v, 7), (1, 2), "(point reads, scans), the window");
+    for i in (0..20).filter(|&i| i != 7) {
         assert_eq!(reads(v, i), (0, 0), "(point reads, scans), lookup {i}");
     }
     assert_eq!(std::fs::read_dir(v.path("d")).unwrap().count(), 298);

@@ -192,10 +192,10 @@ impl Fs {
         if matches!(name, b"." | b"..") {
             return (st, Entry::Unknown);
         }
-        let parent_cached = match st.cached(parent) {
+        let (parent_cached, mut parent_entries) = match st.cached(parent) {
             Some(c) if !c.inode.is_dir() => return (st, Entry::Unknown),
-            Some(_) => true,
-            None => false,
+            Some(c) => (true, entries_of(&c.inode)),
+            None => (false, None),
         };
         let known = match st.dirs().lookup(parent, name) {
             super::dircache::Found::Absent => return (st, Entry::Unknown),
@@ -213,7 +213,10 @@ impl Fs {
             let pinode = match parent_cached {
                 true => None,
                 false => match self.read_inode(parent)? {
-                    Some(p) if p.is_dir() => Some(p),
+                    Some(p) if p.is_dir() => {
+                        parent_entries = entries_of(&p);
+                        Some(p)
+                    }
                     // Not a directory, or gone: the locked path says which.
                     _ => return Err(CoreError::NotFound),
                 },
@@ -221,7 +224,10 @@ impl Fs {
             let (d, irec, spill_recs) = match known {
                 Some(d) => (d, None, None),
                 None if window => {
-                    let (found, rest) = self.read_window(parent, name)?;
+                    // A directory one window holds is read whole: a walk
+                    // need not come in key order.
+                    let whole = parent_entries.is_some_and(|n| n <= WINDOW as u64);
+                    let (found, rest) = self.read_window(parent, name, whole)?;
                     return Ok((pinode, found, rest));
                 }
                 None => {
@@ -271,7 +277,20 @@ impl Fs {
         if cold && self.store.reads_are_round_trips() {
             self.cold_dirs.noted(parent, found.is_some());
         }
+        // A walk through `parent` (a window) goes on into its
+        // subdirectories (`git status`, `find`): their first cold miss reads
+        // a window too, not its name alone and then a window.
+        let is_dir = |d: &Dirent| u32::from(d.kind) == libc::S_IFDIR >> 12;
+        if window
+            && let Some((d, ..)) = &found
+            && is_dir(d)
+        {
+            self.cold_dirs.noted(d.ino, true);
+        }
         for (n, d, inode, spill) in rest {
+            if is_dir(&d) {
+                self.cold_dirs.noted(d.ino, true);
+            }
             st.dirs().learn(parent, &n, &d);
             if let Some(inode) = inode
                 && !st.is_cached(d.ino)
@@ -327,12 +346,24 @@ const WINDOW_SPILL_BYTES: u64 = 512 << 10;
 const RUN_GAP: u64 = 4;
 
 impl Fs {
-    /// The [`WINDOW`] entries of `parent` from `name` on and their inodes:
-    /// `name`'s own (if it exists) and the others.
-    fn read_window(&self, parent: u64, name: &[u8]) -> Result<(WindowFound, Vec<Windowed>)> {
+    /// The [`WINDOW`] entries of `parent` from `name` on (from its first,
+    /// if `whole`) and their inodes: `name`'s own (if it exists) and the
+    /// others.
+    fn read_window(
+        &self,
+        parent: u64,
+        name: &[u8],
+        whole: bool,
+    ) -> Result<(WindowFound, Vec<Windowed>)> {
         let key = self.keyspace.dirent(parent, name);
-        let (_, end) = keys::ino_range(keys::P_DIRENT, parent);
-        let pairs = self.store.scan(&key, &end, WINDOW)?;
+        let (first, end) = keys::ino_range(keys::P_DIRENT, parent);
+        let pairs = self
+            .store
+            .scan(if whole { &first } else { &key }, &end, WINDOW)?;
+        // Whether the window says if `name` exists: it started there, or
+        // ran to the directory's end, or past `name`.
+        let decides =
+            !whole || pairs.len() < WINDOW || pairs.last().is_some_and(|(k, _)| *k >= key);
         let mut entries = Vec::with_capacity(pairs.len());
         for (k, v) in &pairs {
             let d = Dirent::decode(k, v).map_err(|e| CoreError::corrupt(k, e))?;
@@ -372,6 +403,21 @@ impl Fs {
             // A name that does not decode is left for its own lookup.
             if let Ok(n) = self.keyspace.entry_name(k) {
                 rest.push((n, d, inode, spill));
+            }
+        }
+        if found.is_none() && !decides {
+            // The directory grew past a window since its count was read.
+            if let Some((rec, irec)) =
+                self.store
+                    .get_and_follow(&key, crate::format::dirent::INO_AT, keys::P_INODE)?
+            {
+                let d = Dirent::decode(&key, &rec).map_err(|e| CoreError::corrupt(&key, e))?;
+                let ikey = keys::inode(d.ino);
+                let inode = match irec {
+                    Some(r) => Some(decode_inode(&ikey, &r)?),
+                    None => self.read_inode(d.ino)?,
+                };
+                found = Some((d, inode, None));
             }
         }
         Ok((found, rest))
@@ -532,7 +578,7 @@ impl SpillRuns {
 
 /// Directories a cold lookup has missed in lately, and whether that
 /// lookup found its name: a cold miss after one that found its name reads
-/// a window. One that did not (a create's lookup of a new name, in a
+/// a window, as does the first in a subdirectory a window brought. One that did not (a create's lookup of a new name, in a
 /// directory not listed yet) would bring entries nobody asked for: the
 /// next miss reads its name alone. Forgotten all at once past
 /// [`ColdDirs::MAX`] (a hint).
@@ -593,6 +639,12 @@ impl SpillHint {
             self.spilled.store(s / 2, Ordering::Relaxed);
         }
     }
+}
+
+/// How many entries directory `dir` holds, where it keeps the count.
+fn entries_of(dir: &Inode) -> Option<u64> {
+    let stats = dir.stats?;
+    Some(stats.files + u64::from(dir.nlink.saturating_sub(2)))
 }
 
 fn decode_inode(key: &[u8], rec: &[u8]) -> Result<Inode> {

@@ -1353,6 +1353,76 @@ fn cold_lookups_through_one_directory_read_windows_where_reads_are_round_trips()
     }
 }
 
+/// A walk through a tree (`git status`), in no particular order within a
+/// directory: once a window brought a subdirectory, the first cold miss in
+/// it reads a window, and from the directory's first entry when it holds no
+/// more than a window: one read per directory.
+#[test]
+fn a_walk_through_a_tree_reads_each_small_directory_in_one_window() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut t = setup(64);
+    t.engine.round_trips.store(true, Relaxed);
+    remount_with_dircache(&mut t, true);
+    let fs = &t.fs;
+    let mut dirs = Vec::new();
+    for d in 0..5 {
+        let name = format!("d{d}");
+        let dir = fs
+            .make_node(
+                &Ctx::root(),
+                Ino::ROOT,
+                name.as_bytes(),
+                libc::S_IFDIR | 0o755,
+                0,
+                0,
+                None,
+            )
+            .unwrap();
+        fs.forget(dir.ino, 1);
+        let mut files = Vec::new();
+        for i in 0..20 {
+            let fname = format!("f{i:02}");
+            let f = fs
+                .make_node(
+                    &Ctx::root(),
+                    dir.ino,
+                    fname.as_bytes(),
+                    libc::S_IFREG | 0o644,
+                    0,
+                    0,
+                    None,
+                )
+                .unwrap();
+            fs.forget(f.ino, 1);
+            files.push((fname, f.ino));
+        }
+        dirs.push((name, dir.ino, files));
+    }
+    fs.sync().unwrap();
+    fs.drop_caches();
+    t.engine.dirent_gets.store(0, Relaxed);
+    t.engine.dirent_scans.store(0, Relaxed);
+    for (name, ino, files) in &dirs {
+        assert_eq!(fs.lookup(Ino::ROOT, name.as_bytes()).unwrap().ino, *ino);
+        // Last name first: a window from the looked-up name would bring
+        // nothing after it.
+        for (fname, want) in files.iter().rev() {
+            assert_eq!(
+                fs.lookup(*ino, fname.as_bytes()).unwrap().ino,
+                *want,
+                "{fname}"
+            );
+        }
+    }
+    let (gets, scans) = (
+        t.engine.dirent_gets.load(Relaxed),
+        t.engine.dirent_scans.load(Relaxed),
+    );
+    // d0 (the root's first miss) and d0's first file alone, then windows:
+    // the root's (from d1 on), d0's and one for each other directory.
+    assert_eq!((gets, scans), (2, 6), "point reads, windows");
+}
+
 #[test]
 fn getxattrs_through_a_directory_in_turn_read_the_next_spills_in_one_scan_where_reads_are_round_trips()
  {

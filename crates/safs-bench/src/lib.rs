@@ -80,6 +80,9 @@ use target::{ColdEnv, Target};
 /// How long a test waits for the previous one's queued object deletions
 /// on a safs target with an object store (see `Target::settle_deletions`).
 const SETTLE_LIMIT: Duration = Duration::from_secs(900);
+/// How long a test waits for the set's PostgreSQL servers' autovacuum
+/// after a checkpoint (see `Setup::settle_databases`).
+const DB_SETTLE_LIMIT: Duration = Duration::from_secs(60);
 
 /// Why a phase stopped early.
 #[derive(Debug)]
@@ -593,6 +596,15 @@ pub fn run(cfg: Config) -> anyhow::Result<PathBuf> {
     'tests: for &test in &tests {
         for (t, base) in targets.iter().zip(&bases) {
             progress.step(&format!("{test} on {}", t.label));
+            if let Some(Err(e)) = setup_guard
+                .as_ref()
+                .map(|s| s.settle_databases(DB_SETTLE_LIMIT))
+            {
+                ctx.warn(format!(
+                    "{test} on {}: cannot settle PostgreSQL: {e}",
+                    t.label
+                ));
+            }
             let settle_secs = match t.settle_deletions(SETTLE_LIMIT) {
                 Ok((secs, 0)) => secs,
                 Ok((secs, left)) => {

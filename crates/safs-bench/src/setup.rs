@@ -836,6 +836,19 @@ impl Setup {
         self.targets.clone()
     }
 
+    /// Settles every PostgreSQL server of the set (see
+    /// `TempCluster::settle`) before a step: what one step left a shared
+    /// server to do (T1 writes and removes gigabytes of values) lands on
+    /// whichever target comes next otherwise. The same for every target.
+    pub fn settle_databases(&self, limit: std::time::Duration) -> Result<(), String> {
+        for m in &self.mounts {
+            if let Mounted::Postgres { _cluster: c } = m {
+                c.settle(limit)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The targets that could not be made, and why.
     pub fn skipped(&self) -> Vec<Skipped> {
         self.skipped.clone()

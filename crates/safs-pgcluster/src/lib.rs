@@ -136,6 +136,41 @@ impl TempCluster {
             .unwrap_or_else(|_| "PostgreSQL".into())
     }
 
+    /// Lets the server finish what earlier work left it: a checkpoint (its
+    /// dirty pages written now, not in the middle of what is measured
+    /// next), then up to `limit` for autovacuum's workers to finish.
+    /// Returns how long it took.
+    pub fn settle(&self, limit: std::time::Duration) -> Result<std::time::Duration, String> {
+        let start = std::time::Instant::now();
+        let sql = |q: &str| -> Result<String, String> {
+            let o = self.run(
+                "psql",
+                &[
+                    "-h",
+                    self.path(),
+                    "-U",
+                    "postgres",
+                    "-d",
+                    "postgres",
+                    "-XAtqc",
+                    q,
+                ],
+            )?;
+            Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
+        };
+        sql("CHECKPOINT")?;
+        while start.elapsed() < limit {
+            let busy = sql(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'",
+            )?;
+            if busy == "0" {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(250));
+        }
+        Ok(start.elapsed())
+    }
+
     /// Stops the server at once (`-m immediate`: as a crash) and starts it
     /// again.
     pub fn restart(&self) -> Result<(), String> {
