@@ -14,8 +14,10 @@
 //! On engines where every read is a round trip (PostgreSQL), a cold
 //! lookup that misses in a directory where the last cold lookup found its
 //! name reads a window of entries instead of one: the [`WINDOW`] entries
-//! from the looked-up name on, in key order, and their inodes, in two
-//! round trips ([`ColdDirs`]). A walk through a directory (`ls -l` by
+//! from the looked-up name on, in key order (from the directory's first,
+//! when it holds no more), and their inodes, in one round trip
+//! ([`ColdDirs`]; a subdirectory a window brought reads a window at its
+//! first miss). A walk through a directory (`ls -l` by
 //! name, a `git status`, Samba listing a share, bench T1 cold) then pays a
 //! round trip per window, not per name; a path walk (one lookup per
 //! directory) and a run of creates (lookups of names not there) never
@@ -337,7 +339,7 @@ type Windowed = (Vec<u8>, Dirent, Option<Inode>, Option<Spill>);
 /// What a window found of the looked-up name itself.
 type WindowFound = Option<(Dirent, Option<Inode>, Option<Spill>)>;
 
-/// Spill bytes a window reads at most, in its third round trip: about
+/// Spill bytes a window reads at most, in its second round trip: about
 /// four round trips' worth of transfer on this machine's PostgreSQL.
 const WINDOW_SPILL_BYTES: u64 = 512 << 10;
 
@@ -357,26 +359,23 @@ impl Fs {
     ) -> Result<(WindowFound, Vec<Windowed>)> {
         let key = self.keyspace.dirent(parent, name);
         let (first, end) = keys::ino_range(keys::P_DIRENT, parent);
-        let pairs = self
-            .store
-            .scan(if whole { &first } else { &key }, &end, WINDOW)?;
+        let rows = self.store.scan_and_follow(
+            if whole { &first } else { &key },
+            &end,
+            WINDOW,
+            crate::format::dirent::INO_AT,
+            keys::P_INODE,
+        )?;
         // Whether the window says if `name` exists: it started there, or
         // ran to the directory's end, or past `name`.
-        let decides =
-            !whole || pairs.len() < WINDOW || pairs.last().is_some_and(|(k, _)| *k >= key);
-        let mut entries = Vec::with_capacity(pairs.len());
-        for (k, v) in &pairs {
+        let decides = !whole || rows.len() < WINDOW || rows.last().is_some_and(|(k, ..)| *k >= key);
+        let mut entries = Vec::with_capacity(rows.len());
+        let mut inodes = Vec::with_capacity(rows.len());
+        for (k, v, irec) in &rows {
             let d = Dirent::decode(k, v).map_err(|e| CoreError::corrupt(k, e))?;
+            let ikey = keys::inode(d.ino);
+            inodes.push(irec.as_ref().map(|r| decode_inode(&ikey, r)).transpose()?);
             entries.push((k, d));
-        }
-        let ikeys: Vec<Vec<u8>> = entries
-            .iter()
-            .map(|(_, d)| keys::inode(d.ino).to_vec())
-            .collect();
-        let recs = self.store.get_many(&ikeys)?;
-        let mut inodes = Vec::with_capacity(recs.len());
-        for (ikey, rec) in ikeys.iter().zip(recs) {
-            inodes.push(rec.map(|r| decode_inode(ikey, &r)).transpose()?);
         }
         let spilled: Vec<(u64, u64)> = entries
             .iter()

@@ -538,6 +538,73 @@ impl Store {
         Ok(Some((value, pointee, range.filter(|_| range_holds))))
     }
 
+    /// [`MetaRead::scan_and_follow`] through the overlay: one engine call
+    /// (one round trip on PostgreSQL) when nothing in the range waits in
+    /// the overlay; otherwise a merged [`Store::scan`] and the pointees in
+    /// one [`Store::get_many`].
+    pub fn scan_and_follow(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        at: usize,
+        prefix: u8,
+    ) -> Result<Vec<crate::meta::ScannedFollowed>> {
+        let since = {
+            let ov = self.overlay.lock();
+            let range = (
+                Bound::Included(start.to_vec()),
+                Bound::Excluded(end.to_vec()),
+            );
+            let waiting = ov.pending.range(range.clone()).next().is_some()
+                || ov.committing.range(range).next().is_some();
+            (!waiting && self.engine.follows_in_one_read()).then_some(ov.landed_seq)
+        };
+        let Some(since) = since else {
+            let pairs = self.scan(start, end, limit)?;
+            let keys: Vec<Vec<u8>> = pairs
+                .iter()
+                .filter_map(|(_, v)| crate::meta::pointer_key(v, at, prefix).map(|k| k.to_vec()))
+                .collect();
+            let mut pointees = self.get_many(&keys)?.into_iter();
+            return Ok(pairs
+                .into_iter()
+                .map(|(k, v)| {
+                    let p = crate::meta::pointer_key(&v, at, prefix)
+                        .and_then(|_| pointees.next().flatten());
+                    (k, v, p)
+                })
+                .collect());
+        };
+        let mut rows = self.engine.scan_and_follow(start, end, limit, at, prefix)?;
+        // Square the pointees with the overlay, as `settle_followed` does
+        // for one: a waiting one wins; if a commit landed meanwhile, what
+        // the engine said of the others may be older: read again.
+        let mut again = Vec::new();
+        {
+            let ov = self.overlay.lock();
+            let moved = ov.landed_seq != since;
+            for (i, (_, v, p)) in rows.iter_mut().enumerate() {
+                let Some(k) = crate::meta::pointer_key(v, at, prefix) else {
+                    *p = None;
+                    continue;
+                };
+                if let Some(w) = ov.pending.get(&k[..]).or_else(|| ov.committing.get(&k[..])) {
+                    *p = w.clone();
+                } else if moved {
+                    again.push((i, k.to_vec()));
+                }
+            }
+        }
+        if !again.is_empty() {
+            let keys: Vec<Vec<u8>> = again.iter().map(|(_, k)| k.clone()).collect();
+            for ((i, _), p) in again.iter().zip(self.get_many(&keys)?) {
+                rows[*i].2 = p;
+            }
+        }
+        Ok(rows)
+    }
+
     /// The landed sequence number now, unless `key` waits in the overlay
     /// (then the engine's value of it is not the current one).
     fn durable_unless_waiting(&self, key: &[u8]) -> Option<u64> {
@@ -2016,6 +2083,66 @@ mod tests {
             Some(b"newer".to_vec()),
         )]);
         assert_eq!(follow().0, Some(b"newer".to_vec()));
+        store.close().unwrap();
+    }
+
+    /// A window's scan follows each entry to its inode in one engine call;
+    /// a pointee waiting in the overlay wins over the engine's, and an entry
+    /// waiting in the range makes it a merged scan, whose pointees are read
+    /// through the overlay too.
+    #[test]
+    fn a_scan_that_follows_squares_entries_and_pointees_with_the_overlay() {
+        let engine = Arc::new(Following(MemStore::new()));
+        engine
+            .commit(&[
+                (b"Da".to_vec(), Some(b"x\0\0\0\0\0\0\0\x07".to_vec())),
+                (b"Db".to_vec(), Some(b"x\0\0\0\0\0\0\0\x08".to_vec())),
+                (b"I\0\0\0\0\0\0\0\x07".to_vec(), Some(b"seven".to_vec())),
+                (b"I\0\0\0\0\0\0\0\x08".to_vec(), Some(b"eight".to_vec())),
+            ])
+            .unwrap();
+        let store = Store::new(engine, Duration::from_secs(3600), None);
+        let scan = || -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+            store
+                .scan_and_follow(b"D", b"E", 10, 1, b'I')
+                .unwrap()
+                .into_iter()
+                .map(|(k, _, p)| (k, p))
+                .collect()
+        };
+        let some = |v: &[u8]| Some(v.to_vec());
+        assert_eq!(
+            scan(),
+            vec![
+                (b"Da".to_vec(), some(b"seven")),
+                (b"Db".to_vec(), some(b"eight"))
+            ]
+        );
+        // A newer inode waiting wins.
+        store.apply(vec![(
+            b"I\0\0\0\0\0\0\0\x08".to_vec(),
+            Some(b"new 8".to_vec()),
+        )]);
+        assert_eq!(
+            scan(),
+            vec![
+                (b"Da".to_vec(), some(b"seven")),
+                (b"Db".to_vec(), some(b"new 8"))
+            ]
+        );
+        // An entry waiting: removed, and one added pointing at a new inode.
+        store.apply(vec![
+            (b"Da".to_vec(), None),
+            (b"Dc".to_vec(), Some(b"x\0\0\0\0\0\0\0\x09".to_vec())),
+            (b"I\0\0\0\0\0\0\0\x09".to_vec(), Some(b"nine".to_vec())),
+        ]);
+        assert_eq!(
+            scan(),
+            vec![
+                (b"Db".to_vec(), some(b"new 8")),
+                (b"Dc".to_vec(), some(b"nine"))
+            ]
+        );
         store.close().unwrap();
     }
 

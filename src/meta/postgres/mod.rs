@@ -148,6 +148,8 @@ struct Conn {
     get_many: Statement,
     /// A value and the one its bytes point to, in one round trip.
     get_and_follow: Statement,
+    /// A scan's pairs and what each value points to, in one round trip.
+    scan_and_follow: Statement,
     /// The same and the pointee's companion records (one row each).
     get_follow_and_range: Statement,
     scan: Statement,
@@ -423,6 +425,14 @@ impl PgStore {
                  WHERE a.k = $1",
             )
             .map_err(engine_err)?;
+        let scan_and_follow = client
+            .prepare(
+                "SELECT a.k, a.v, b.v FROM (SELECT k, v FROM safs_kv \
+                 WHERE k >= $1 AND k < $2 ORDER BY k LIMIT $3) a LEFT JOIN safs_kv b \
+                 ON length(a.v) >= $5 + 7 AND b.k = $4 || substring(a.v FROM $5 FOR 8) \
+                 ORDER BY a.k",
+            )
+            .map_err(engine_err)?;
         // One row per companion record (or one with NULLs): the value and
         // the pointee repeat, a few hundred bytes for a spill page or two.
         let get_follow_and_range = client
@@ -486,6 +496,7 @@ impl PgStore {
             get,
             get_many,
             get_and_follow,
+            scan_and_follow,
             get_follow_and_range,
             scan,
             commit,
@@ -760,6 +771,30 @@ impl MetaRead for PgStore {
 
     fn follows_in_one_read(&self) -> bool {
         true
+    }
+
+    fn scan_and_follow(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        at: usize,
+        prefix: u8,
+    ) -> Result<Vec<super::ScannedFollowed>, MetaError> {
+        self.tally.scan();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let from = i32::try_from(at + 1).unwrap_or(i32::MAX - 8);
+        let prefix = [prefix];
+        self.with_conn(|c| {
+            let rows = c.client.query(
+                &c.scan_and_follow,
+                &[&start, &end, &limit, &&prefix[..], &from],
+            )?;
+            Ok(rows
+                .into_iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect())
+        })
     }
 
     fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<super::Pairs, MetaError> {
