@@ -1090,7 +1090,11 @@ impl PgStore {
                     "the PostgreSQL server lost commits it had made visible and not yet durable (it restarted): committed again"
                 );
             }
-            j.epoch.store(now, Relaxed);
+            // The epoch this daemon's lease expects is not moved here: what
+            // was committed again is its own lineage, up to the epoch it
+            // last made; anything past that is another daemon's, which its
+            // next commit must meet as a lost lease (its caches never saw
+            // it), not pass over.
             u.clear();
         } else {
             tracing::error!(
@@ -2203,6 +2207,24 @@ mod tests {
             !on_server(b"b6"),
             "B's commit is lost, as its caches were told"
         );
+
+        // A's visible commit made durable by B's after it; a restart loses
+        // nothing. A's next flush meets a restarted server: it finds its
+        // commit there, and leaves its lease's epoch alone (B's commit is
+        // B's: A must meet it as anyone's, through its lease).
+        a.lease(5).unwrap();
+        put(&a, b"a6", false).unwrap();
+        assert_eq!(a.release(), 6);
+        b.lease(6).unwrap();
+        put(&b, b"b7", true).unwrap();
+        assert_eq!(b.release(), 7);
+        cluster.restart().unwrap();
+        a.make_durable().unwrap();
+        assert_eq!(a.reached(), None, "no lease taken by the check");
+        assert!(on_server(b"a6") && on_server(b"b7"));
+        let seen = a.lease(6).unwrap();
+        assert_eq!((seen.epoch, seen.keys), (7, Some(vec![b"b7".to_vec()])));
+        a.release();
     }
 
     #[test]
