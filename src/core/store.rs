@@ -562,19 +562,7 @@ impl Store {
         };
         let Some(since) = since else {
             let pairs = self.scan(start, end, limit)?;
-            let keys: Vec<Vec<u8>> = pairs
-                .iter()
-                .filter_map(|(_, v)| crate::meta::pointer_key(v, at, prefix).map(|k| k.to_vec()))
-                .collect();
-            let mut pointees = self.get_many(&keys)?.into_iter();
-            return Ok(pairs
-                .into_iter()
-                .map(|(k, v)| {
-                    let p = crate::meta::pointer_key(&v, at, prefix)
-                        .and_then(|_| pointees.next().flatten());
-                    (k, v, p)
-                })
-                .collect());
+            return crate::meta::with_pointees(pairs, at, prefix, |keys| self.get_many(keys));
         };
         let mut rows = self.engine.scan_and_follow(start, end, limit, at, prefix)?;
         // Square the pointees with the overlay, as `settle_followed` does

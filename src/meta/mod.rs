@@ -243,21 +243,7 @@ pub trait MetaRead {
         prefix: u8,
     ) -> Result<Vec<ScannedFollowed>, MetaError> {
         let pairs = self.scan(start, end, limit)?;
-        let keys: Vec<Vec<u8>> = pairs
-            .iter()
-            .filter_map(|(_, v)| pointer_key(v, at, prefix).map(|k| k.to_vec()))
-            .collect();
-        let mut pointees = self.get_many(&keys)?.into_iter();
-        Ok(pairs
-            .into_iter()
-            .map(|(k, v)| {
-                let p = match pointer_key(&v, at, prefix) {
-                    Some(_) => pointees.next().flatten(),
-                    None => None,
-                };
-                (k, v, p)
-            })
-            .collect())
+        with_pointees(pairs, at, prefix, |keys| self.get_many(keys))
     }
 
     /// [`MetaRead::get_and_follow`], and with it, when the pointee was
@@ -295,6 +281,28 @@ pub type ScannedFollowed = (Vec<u8>, Vec<u8>, Option<Vec<u8>>);
 /// What [`MetaRead::get_follow_and_range`] found: as [`Followed`], and the
 /// pointee's companion records (`None`: not read).
 pub type FollowedWith = Option<(Vec<u8>, Option<Vec<u8>>, Option<Pairs>)>;
+
+/// Each of `pairs` with what its value points to (see
+/// [`MetaRead::scan_and_follow`]), the pointees read by `read` in one call.
+pub fn with_pointees<E>(
+    pairs: Pairs,
+    at: usize,
+    prefix: u8,
+    read: impl FnOnce(&[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, E>,
+) -> Result<Vec<ScannedFollowed>, E> {
+    let keys: Vec<Vec<u8>> = pairs
+        .iter()
+        .filter_map(|(_, v)| pointer_key(v, at, prefix).map(|k| k.to_vec()))
+        .collect();
+    let mut pointees = read(&keys)?.into_iter();
+    Ok(pairs
+        .into_iter()
+        .map(|(k, v)| {
+            let p = pointer_key(&v, at, prefix).and_then(|_| pointees.next().flatten());
+            (k, v, p)
+        })
+        .collect())
+}
 
 /// The key `value` points to: `prefix` and its 8 bytes at `at`.
 pub fn pointer_key(value: &[u8], at: usize, prefix: u8) -> Option<[u8; 9]> {
