@@ -995,8 +995,10 @@ impl PgStore {
             }
             // Not the epoch this lease left: if a server crash lost this
             // daemon's unflushed commits, they are committed again, and
-            // then this batch on top of them.
-            if recovered || j.unflushed.lock().is_empty() || !self.recover_unflushed(j)? {
+            // then this batch on top of them — tried once more also when
+            // none are left to recover (another thread, flushing, may have
+            // just committed them again).
+            if recovered || !self.recover_unflushed(j)? {
                 return Err(MetaError::LeaseLost(
                     "another daemon committed since this one took the lease, or fsck took \
                      the volume over"
