@@ -16,8 +16,11 @@
 //! on to be durable is committed visible only: `landed_seq` moves, and
 //! `durable_seq` follows when someone waits for it ([`Store::wait_durable`]),
 //! a batch frees files, or [`DURABLE_LAG`] has passed — by a durable commit
-//! of the next batch or, idle, [`MetaStore::make_durable`]. A close waits
-//! only for visibility ([`Store::wait_landed`]).
+//! of the next batch when someone waits for it, else by the syncer thread's
+//! [`MetaStore::make_durable`] beside the committer. A close waits only for
+//! visibility ([`Store::wait_landed`]), never behind a flush of the
+//! engine's log (made on the committer's way, it held every close queued
+//! behind it for the server's fsync: several milliseconds on a busy disk).
 //!
 //! - records an operation changed in the core's cache without writing them
 //!   (directory statistics: see `stats`) are *deferred*, and a batch is
@@ -191,6 +194,8 @@ struct Overlay {
     durable_seq: u64,
     /// The newest operation someone waits to be durable.
     durable_wanted: u64,
+    /// The committer has stopped: so does the syncer.
+    committer_done: bool,
     /// Since when `landed_seq` has been ahead of `durable_seq`.
     ahead_since: Option<Instant>,
     /// The last try to make what landed durable failed (cleared by the
@@ -227,6 +232,18 @@ struct Overlay {
 }
 
 impl Overlay {
+    /// Operations `from..=to` were lost: waiting for them fails. Joined to
+    /// the range already lost where they meet (the committer and the
+    /// syncer may each find a loss of the same crash).
+    fn mark_lost(&mut self, from: u64, to: u64) {
+        self.lost = Some(match self.lost {
+            Some((a, b)) if from <= b.saturating_add(1) && a <= to.saturating_add(1) => {
+                (a.min(from), b.max(to))
+            }
+            _ => (from, to),
+        });
+    }
+
     /// Worst-case bytes everything accepted so far may still allocate.
     fn need(&self, batch_bound: u64) -> u64 {
         let writes = self.pending_need + self.committing_need;
@@ -293,8 +310,13 @@ pub struct Store {
     work: Condvar,
     /// Signalled when `durable_seq` advances or a commit fails.
     done: Condvar,
+    /// Signalled when work arrives for the syncer.
+    syncing: Condvar,
     interval: Duration,
     committer: Mutex<Option<JoinHandle<()>>>,
+    /// Makes visible commits durable (engines whose commits can be
+    /// visible first).
+    syncer: Mutex<Option<JoinHandle<()>>>,
     /// `None` on read-only mounts (nothing to hold).
     hold: Option<HoldPolicy>,
     /// [`Store::close`] gives up on changes it cannot commit.
@@ -373,6 +395,7 @@ impl Store {
                 landed_seq: 0,
                 durable_seq: 0,
                 durable_wanted: 0,
+                committer_done: false,
                 ahead_since: None,
                 durable_failed: false,
                 durable_fails: 0,
@@ -391,8 +414,10 @@ impl Store {
             }),
             work: Condvar::new(),
             done: Condvar::new(),
+            syncing: Condvar::new(),
             interval,
             committer: Mutex::new(None),
+            syncer: Mutex::new(None),
             hold,
             abandon: AtomicBool::new(false),
             lease: Mutex::new(Lease::default()),
@@ -413,6 +438,14 @@ impl Store {
             .spawn(move || s.commit_loop())
             .expect("spawn committer thread");
         *store.committer.lock() = Some(handle);
+        if store.engine.visible_before_durable() {
+            let s = Arc::clone(&store);
+            let handle = std::thread::Builder::new()
+                .name("safs-sync".into())
+                .spawn(move || s.sync_loop())
+                .expect("spawn syncer thread");
+            *store.syncer.lock() = Some(handle);
+        }
         store
     }
 
@@ -1137,6 +1170,9 @@ impl Store {
             }
             ov.urgent = true;
             self.work.notify_one();
+            if durable {
+                self.syncing.notify_one();
+            }
             self.done.wait_for(&mut ov, Duration::from_millis(100));
         }
         Ok(())
@@ -1193,7 +1229,13 @@ impl Store {
         };
         self.overlay.lock().shutdown = true;
         self.work.notify_all();
+        self.syncing.notify_all();
         if let Some(h) = self.committer.lock().take() {
+            let _ = h.join();
+        }
+        self.overlay.lock().committer_done = true;
+        self.syncing.notify_all();
+        if let Some(h) = self.syncer.lock().take() {
             let _ = h.join();
         }
         res
@@ -1202,14 +1244,52 @@ impl Store {
     /// Whether the next batch must be durable when its commit returns:
     /// always on engines whose commits are durable anyway; else when
     /// someone waits for durability, when it frees files (deleting them
-    /// before their inodes' end is durable could lose data), at unmount,
-    /// and once what landed has waited [`DURABLE_LAG`] to be.
+    /// before their inodes' end is durable could lose data) and at
+    /// unmount. What landed visible only is the syncer's ([`Store::sync_due`]).
     fn durable_due(&self, ov: &Overlay, unlinks: bool) -> bool {
         !(self.async_commit.load(Ordering::Relaxed) && self.engine.visible_before_durable())
             || unlinks
             || ov.shutdown
             || ov.durable_wanted > ov.durable_seq
-            || ov.ahead_since.is_some_and(|t| t.elapsed() >= DURABLE_LAG)
+    }
+
+    /// Whether the syncer makes what landed durable now: someone waits
+    /// for it (and the committer has nothing of theirs to commit), files
+    /// freed with no writes of their own wait for it, at unmount, after a
+    /// failed try, and once it has waited [`DURABLE_LAG`].
+    fn sync_due(&self, ov: &Overlay) -> bool {
+        ov.durable_seq < ov.landed_seq
+            && ((ov.durable_wanted > ov.durable_seq && ov.durable_wanted <= ov.landed_seq)
+                || (!ov.pending_unlinks.is_empty() && ov.pending.is_empty())
+                || ov.shutdown
+                || ov.durable_failed
+                || ov.ahead_since.is_some_and(|t| t.elapsed() >= DURABLE_LAG))
+    }
+
+    /// The syncer: makes visible commits durable beside the committer,
+    /// which goes on committing meanwhile. (A flush covers what landed
+    /// before it began: the engine's log is flushed up to a commit made
+    /// after those.)
+    fn sync_loop(&self) {
+        let mut ov = self.overlay.lock();
+        loop {
+            if ov.committer_done {
+                return;
+            }
+            if self.sync_due(&ov) {
+                ov = self.make_durable(ov);
+                // The committer may wait for it (freed files, unmount).
+                self.work.notify_one();
+                continue;
+            }
+            match ov.ahead_since {
+                Some(t) if ov.durable_seq < ov.landed_seq => {
+                    let wait = DURABLE_LAG.saturating_sub(t.elapsed());
+                    self.syncing.wait_for(&mut ov, wait);
+                }
+                _ => self.syncing.wait(&mut ov),
+            }
+        }
     }
 
     /// Takes the pending batch for committing: (writes, files to delete
@@ -1243,13 +1323,11 @@ impl Store {
                         ov.landed_seq = ov.applied_seq;
                         self.done.notify_all();
                     }
+                    // What landed visible only the syncer makes durable:
+                    // freed files and the unmount wait for it.
                     let ahead = ov.durable_seq < ov.landed_seq && ov.committing.is_empty();
-                    if ahead
-                        && (self.durable_due(&ov, !ov.pending_unlinks.is_empty())
-                            || ov.durable_failed)
-                    {
-                        ov = self.make_durable(ov);
-                        continue;
+                    if ahead && (!ov.pending_unlinks.is_empty() || ov.shutdown) {
+                        self.syncing.notify_one();
                     }
                     if !ov.pending_unlinks.is_empty() && ov.failure.is_none() && !ahead {
                         // Files freed with no writes of their own: what they
@@ -1278,11 +1356,7 @@ impl Store {
                         ov = self.overlay.lock();
                         continue;
                     }
-                    let durable_in = match ov.ahead_since {
-                        Some(t) if ahead => Some(DURABLE_LAG.saturating_sub(t.elapsed())),
-                        _ => None,
-                    };
-                    match durable_in.into_iter().chain(linger).min() {
+                    match linger {
                         Some(wait) => {
                             self.work.wait_for(&mut ov, wait);
                         }
@@ -1390,8 +1464,11 @@ impl Store {
                         ov.durable_seq = seq;
                         ov.ahead_since = None;
                         ov.durable_failed = false;
-                    } else {
+                    } else if ov.ahead_since.is_none() || ov.durable_wanted > ov.durable_seq {
+                        // The syncer's clock starts, or a waiter's batch
+                        // landed visible.
                         ov.ahead_since.get_or_insert_with(Instant::now);
+                        self.syncing.notify_one();
                     }
                     ov.committing = Arc::new(Map::new());
                     ov.committing_need = 0;
@@ -1419,7 +1496,8 @@ impl Store {
                     // (an engine's server that crashed lost it, which is
                     // one way a lease is lost): its waiters fail.
                     let first = ov.durable_seq + 1;
-                    ov.lost = Some((first, ov.applied_seq));
+                    let last = ov.applied_seq;
+                    ov.mark_lost(first, last);
                     ov.durable_seq = ov.applied_seq;
                     ov.landed_seq = ov.applied_seq;
                     ov.ahead_since = None;
@@ -1499,7 +1577,7 @@ impl Store {
 }
 
 impl Store {
-    /// Makes what has landed durable (the committer, idle): waiters of it
+    /// Makes what has landed durable (the syncer): waiters of it
     /// are told either way.
     fn make_durable<'a>(
         &'a self,
@@ -1530,7 +1608,8 @@ impl Store {
                     "changes committed but not yet durable were lost ({why}); reloading everything from the database"
                 );
                 let first = ov.durable_seq + 1;
-                ov.lost = Some((first, ov.landed_seq));
+                let last = ov.landed_seq;
+                ov.mark_lost(first, last);
                 ov.durable_seq = ov.landed_seq;
                 ov.ahead_since = None;
                 l.reset = true;
@@ -1544,7 +1623,7 @@ impl Store {
                 ov.durable_fails += 1;
                 self.done.notify_all();
                 // Not at once again: the engine is away.
-                self.work.wait_for(&mut ov, Duration::from_millis(200));
+                self.syncing.wait_for(&mut ov, Duration::from_millis(200));
                 return ov;
             }
         }
@@ -1689,6 +1768,10 @@ mod tests {
         visible_commits: std::sync::atomic::AtomicU64,
         flushes: std::sync::atomic::AtomicU64,
         flush_fails: AtomicBool,
+        /// While set, a flush waits (a server's slow fsync): `flushing`
+        /// counts those waiting.
+        flush_held: AtomicBool,
+        flushing: std::sync::atomic::AtomicU64,
     }
 
     reads_from_inner!(Lazy);
@@ -1712,6 +1795,11 @@ mod tests {
             true
         }
         fn make_durable(&self) -> std::result::Result<(), MetaError> {
+            self.flushing.fetch_add(1, Ordering::SeqCst);
+            while self.flush_held.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            self.flushing.fetch_sub(1, Ordering::SeqCst);
             if self.flush_fails.load(Ordering::SeqCst) {
                 return Err(MetaError::Io(std::io::Error::from_raw_os_error(libc::EIO)));
             }
@@ -1726,8 +1814,9 @@ mod tests {
     /// On such an engine a batch nobody waits on is committed visible
     /// only; it becomes durable when someone waits for that, or unasked
     /// after `DURABLE_LAG`; a batch freeing files is committed durable
-    /// (the files go only after); and a flush that fails fails `fsync`,
-    /// not the close's wait, until it succeeds.
+    /// (the files go only after); a flush that fails fails `fsync`, not
+    /// the close's wait, until it succeeds; and a slow flush holds no
+    /// commit.
     #[test]
     fn visible_commits_become_durable_when_asked_or_after_a_lag() {
         let engine = Arc::new(Lazy::default());
@@ -1776,6 +1865,29 @@ mod tests {
         assert!(matches!(store.wait_durable(seq), Err(CoreError::Io(_))));
         engine.flush_fails.store(false, Ordering::SeqCst);
         store.wait_durable(seq).unwrap();
+
+        // A flush under way (the server's fsync is slow) holds no close:
+        // commits go on beside it, visible, and are durable once it and
+        // the next are done.
+        engine.flush_held.store(true, Ordering::SeqCst);
+        let seq = store.apply(vec![(b"e".to_vec(), Some(b"5".to_vec()))]);
+        store.wait_landed(seq).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while count(&engine.flushing) == 0 {
+            assert!(Instant::now() < deadline, "no flush began");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let landed_before = count(&engine.visible_commits);
+        for (i, k) in [b"f", b"g", b"h"].into_iter().enumerate() {
+            let seq = store.apply(vec![(k.to_vec(), Some(vec![b'0' + i as u8]))]);
+            store.wait_landed(seq).unwrap();
+        }
+        assert_eq!(count(&engine.visible_commits), landed_before + 3);
+        assert_eq!(count(&engine.flushing), 1, "still flushing meanwhile");
+        assert!(store.durable_seq() < seq);
+        engine.flush_held.store(false, Ordering::SeqCst);
+        store.sync().unwrap();
+        assert_eq!(engine.inner.get(b"h").unwrap().as_deref(), Some(&b"2"[..]));
         store.close().unwrap();
     }
 

@@ -465,7 +465,9 @@ impl PgStore {
             )
             .map_err(engine_err)?;
         // The doorbell's payload is the new epoch. The final SELECT names
-        // pg_notify so that it runs (a CTE nobody reads would not).
+        // pg_notify so that it runs (a CTE nobody reads would not). The
+        // change log is pruned by one commit in 64: a delete in every
+        // commit cost each ~10 % of its time.
         let leased_commit = client
             .prepare(
                 "WITH v AS (UPDATE safs_volume SET epoch = epoch + 1 \
@@ -478,7 +480,7 @@ impl PgStore {
                          ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v), \
                  logged AS (INSERT INTO safs_changes (epoch, keys) SELECT epoch, $6 FROM v), \
                  pruned AS (DELETE FROM safs_changes WHERE epoch <= $4 - $7 \
-                            AND EXISTS (SELECT 1 FROM v)) \
+                            AND $4 % 64 = 0 AND EXISTS (SELECT 1 FROM v)) \
                  SELECT epoch, pg_notify('safs', epoch::text)::text, \
                         set_config('synchronous_commit', $8, true) FROM v",
             )
