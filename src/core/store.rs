@@ -1586,15 +1586,19 @@ impl Store {
         let seq = ov.landed_seq;
         let failed_before = ov.durable_failed;
         drop(ov);
+        let started = Instant::now();
         let res = self.engine.make_durable();
         let mut ov = self.overlay.lock();
         match res {
             Ok(()) => {
                 ov.durable_seq = ov.durable_seq.max(seq);
                 ov.durable_failed = false;
-                if ov.durable_seq >= ov.landed_seq {
-                    ov.ahead_since = None;
-                }
+                // What landed meanwhile (commits go on beside the flush)
+                // landed after it began: its lag counts from then, not
+                // from the first commit this flush covered — which sent
+                // the syncer into one flush after another, a WAL fsync
+                // each, as long as commits kept landing.
+                ov.ahead_since = (ov.durable_seq < ov.landed_seq).then_some(started);
             }
             Err(MetaError::LeaseLost(why)) => {
                 // What landed and was not durable is gone (a server that
@@ -1772,6 +1776,8 @@ mod tests {
         /// counts those waiting.
         flush_held: AtomicBool,
         flushing: std::sync::atomic::AtomicU64,
+        /// How long each flush takes (ms).
+        flush_ms: std::sync::atomic::AtomicU64,
     }
 
     reads_from_inner!(Lazy);
@@ -1800,6 +1806,7 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(1));
             }
             self.flushing.fetch_sub(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(self.flush_ms.load(Ordering::SeqCst)));
             if self.flush_fails.load(Ordering::SeqCst) {
                 return Err(MetaError::Io(std::io::Error::from_raw_os_error(libc::EIO)));
             }
@@ -1888,6 +1895,23 @@ mod tests {
         engine.flush_held.store(false, Ordering::SeqCst);
         store.sync().unwrap();
         assert_eq!(engine.inner.get(b"h").unwrap().as_deref(), Some(&b"2"[..]));
+
+        // Commits landing one after another, also during each flush: a
+        // flush per lag, not one flush after another.
+        engine.flush_ms.store(5, Ordering::SeqCst);
+        let flushes = count(&engine.flushes);
+        let start = Instant::now();
+        let mut i = 0u32;
+        while start.elapsed() < Duration::from_millis(400) {
+            let seq = store.apply(vec![(b"i".to_vec(), Some(i.to_be_bytes().to_vec()))]);
+            store.wait_landed(seq).unwrap();
+            i += 1;
+        }
+        let made = count(&engine.flushes) - flushes;
+        assert!(
+            (1..=12).contains(&made),
+            "{made} flushes for {i} commits in 400 ms"
+        );
         store.close().unwrap();
     }
 
