@@ -384,6 +384,12 @@ impl Fs {
         Ok(())
     }
 
+    /// Whether file contents live in an object store (an `fsync` uploads
+    /// them, a change of metadata its commit must cover).
+    pub fn stores_objects(&self) -> bool {
+        self.remote.is_some()
+    }
+
     /// Whether a close must put what was written in the object store
     /// before it returns: on a volume other nodes may serve, where a file
     /// closed on one node and opened on another must read the same bytes
@@ -431,13 +437,31 @@ impl Fs {
             self.upload(h.ino.0, super::remote::Upload::Sync)?;
             return Ok(());
         }
-        if datasync {
-            h.file.sync_data()?;
-        } else {
-            h.file.sync_all()?;
+        let contents = || {
+            if datasync {
+                h.file.sync_data()
+            } else {
+                h.file.sync_all()
+            }
+        };
+        // The contents are of no use after a crash without their name. The
+        // two fsyncs are independent: made at once, the filesystem under
+        // the volume commits them together (one after the other, a file
+        // just created paid two journal commits per fsync).
+        let ino = h.ino.0;
+        if !self.data.name_pending(ino) {
+            return Ok(contents()?);
         }
-        // The contents are of no use after a crash without their name.
-        self.data.sync_name(h.ino.0)?;
+        let (contents, name) = std::thread::scope(|s| {
+            let name = s.spawn(|| self.data.sync_name(ino));
+            let contents = contents();
+            let name = name
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("a directory fsync panicked")));
+            (contents, name)
+        });
+        contents?;
+        name?;
         Ok(())
     }
 

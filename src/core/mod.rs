@@ -52,7 +52,7 @@ pub use files::{Handle, OpenMode};
 pub use ids::{Cookie, Fh, Generation, Ino};
 pub use namespace::{DirEntry, RenameFlags, SetAttr, Statfs, TimeSet};
 pub use shared::{Inval, KernelInval};
-pub use store::{Health, LeaseFigures};
+pub use store::{Health, LeaseFigures, Started};
 
 use crate::format::inode::Inode;
 use crate::format::keys;
@@ -418,6 +418,17 @@ impl Fs {
     /// Makes every change so far durable.
     pub fn sync(&self) -> Result<()> {
         self.store.sync()
+    }
+
+    /// Asks for every change so far to be made durable without waiting
+    /// (see [`Fs::wait_synced`]).
+    pub fn start_sync(&self) -> Started {
+        self.store.start_sync()
+    }
+
+    /// Waits until what [`Fs::start_sync`] asked for is durable.
+    pub fn wait_synced(&self, started: Started) -> Result<()> {
+        self.store.wait_started(started)
     }
 
     /// Makes every change so far visible to every node (committed, not

@@ -282,6 +282,15 @@ impl Drop for Ticket<'_> {
     }
 }
 
+/// A durable commit asked for by [`Store::start_sync`], to wait for.
+#[derive(Clone, Copy, Debug)]
+pub struct Started {
+    seq: u64,
+    /// Durable flushes failed before it was asked for (a later failure
+    /// fails the wait).
+    fails: u64,
+}
+
 /// What the store is doing, for `safs info`.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Health {
@@ -1144,12 +1153,48 @@ impl Store {
         self.wait_for(seq, false)
     }
 
+    /// Asks for every operation applied so far to be made durable, and
+    /// returns at once: the caller does other work (an fsync of the file
+    /// beside it) while the committer commits, then waits with
+    /// [`Store::wait_started`].
+    pub fn start_sync(&self) -> Started {
+        let mut ov = self.overlay.lock();
+        let seq = ov.applied_seq;
+        ov.durable_wanted = ov.durable_wanted.max(seq);
+        let fails = ov.durable_fails;
+        if ov.durable_seq < seq {
+            ov.urgent = true;
+            drop(ov);
+            self.work.notify_one();
+            self.syncing.notify_one();
+        }
+        Started { seq, fails }
+    }
+
+    /// Waits until what [`Store::start_sync`] asked for is durable.
+    pub fn wait_started(&self, started: Started) -> Result<()> {
+        let ov = self.overlay.lock();
+        self.wait_in(ov, started.seq, true, started.fails)
+    }
+
     fn wait_for(&self, seq: u64, durable: bool) -> Result<()> {
         let mut ov = self.overlay.lock();
         if durable {
             ov.durable_wanted = ov.durable_wanted.max(seq);
         }
         let fails = ov.durable_fails;
+        self.wait_in(ov, seq, durable, fails)
+    }
+
+    /// [`Store::wait_for`] from the moment `fails` durable flushes had
+    /// failed.
+    fn wait_in(
+        &self,
+        mut ov: parking_lot::MutexGuard<'_, Overlay>,
+        seq: u64,
+        durable: bool,
+        fails: u64,
+    ) -> Result<()> {
         loop {
             if ov.lost.is_some_and(|(from, to)| (from..=to).contains(&seq)) {
                 return Err(CoreError::Io(std::io::Error::from_raw_os_error(libc::EIO)));
@@ -1760,6 +1805,29 @@ mod tests {
         };
         store.close().unwrap();
         recover.join().unwrap();
+        assert_eq!(engine.inner.get(b"b").unwrap().as_deref(), Some(&b"2"[..]));
+    }
+
+    /// A sync started ahead (an fsync's commit beside its file's fsync) is
+    /// waited for like `sync`: its records are in the engine when the wait
+    /// returns, and a failed commit fails the wait.
+    #[test]
+    fn a_started_sync_is_waited_for_like_sync() {
+        let (engine, store) = faulty(64 << 20);
+        let t = store.admit(Admit::Change).unwrap();
+        store.apply(vec![(b"a".to_vec(), Some(b"1".to_vec()))]);
+        drop(t);
+        let started = store.start_sync();
+        store.wait_started(started).unwrap();
+        assert_eq!(engine.inner.get(b"a").unwrap().as_deref(), Some(&b"1"[..]));
+        engine.failing.store(true, Ordering::SeqCst);
+        let t = store.admit(Admit::Change).unwrap();
+        store.apply(vec![(b"b".to_vec(), Some(b"2".to_vec()))]);
+        drop(t);
+        let started = store.start_sync();
+        assert!(store.wait_started(started).is_err(), "the failure reported");
+        engine.failing.store(false, Ordering::SeqCst);
+        store.close().unwrap();
         assert_eq!(engine.inner.get(b"b").unwrap().as_deref(), Some(&b"2"[..]));
     }
 

@@ -91,6 +91,11 @@ impl DataStore {
         self.names.sync(ino)
     }
 
+    /// Whether [`Data::sync_name`] has a directory to fsync for `ino`.
+    pub fn name_pending(&self, ino: u64) -> bool {
+        self.names.pending(ino)
+    }
+
     /// Removes the backing files made for numbers never taken (before a
     /// clean unmount is recorded).
     pub fn stop_pool(&self) {

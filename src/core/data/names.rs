@@ -61,9 +61,8 @@ impl Names {
         Ok(())
     }
 
-    /// Whether names made in `ino`'s directory wait for its fsync (tests).
-    #[cfg(test)]
-    fn pending(&self, ino: u64) -> bool {
+    /// Whether names made in `ino`'s directory wait for its fsync.
+    pub(super) fn pending(&self, ino: u64) -> bool {
         *self.synced[slot(ino)].lock() < self.made[slot(ino)].load(Ordering::Acquire)
     }
 }
