@@ -91,7 +91,7 @@ impl DataStore {
         self.names.sync(ino)
     }
 
-    /// Whether [`Data::sync_name`] has a directory to fsync for `ino`.
+    /// Whether [`DataStore::sync_name`] has a directory to fsync for `ino`.
     pub fn name_pending(&self, ino: u64) -> bool {
         self.names.pending(ino)
     }
