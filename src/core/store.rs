@@ -1245,7 +1245,8 @@ impl Store {
 
     /// Makes everything applied so far durable.
     pub fn sync(&self) -> Result<()> {
-        self.wait_started(self.start_sync())
+        let seq = self.applied_seq();
+        self.wait_durable(seq)
     }
 
     /// Writes what is pending and stops the committer. While commits fail
