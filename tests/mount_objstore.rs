@@ -417,9 +417,15 @@ fn after_a_power_cut_what_fsync_covered_is_read_and_unsynced_changes_are_dropped
     let mut f = File::create(v.path("f")).unwrap();
     f.write_all(&synced).unwrap();
     f.sync_all().unwrap();
-    // Written after the fsync, never synced.
+    let store = client(&url);
+    assert_eq!(objects(&store).len(), 2, "the fsync stored both blocks");
+    // Written after the fsync, never synced; the stager sends the changed
+    // block before the kill (an object no record names).
     f.write_all_at(b"after the fsync", 100).unwrap();
     let ino = std::os::unix::fs::MetadataExt::ino(&f.metadata().unwrap());
+    assert!(wait_until(Duration::from_secs(10), || objects(&store)
+        .len()
+        == 3));
     kill_9(&mut v);
     drop(f);
     let backing = backing_file(&v, ino);
@@ -440,7 +446,9 @@ fn after_a_power_cut_what_fsync_covered_is_read_and_unsynced_changes_are_dropped
     assert!(getxattr(&backing, "user.safs.dirty").is_err());
     let out = safs(["fsck", s(v.vol())]);
     out.assert_success("fsck after the next mount");
+    // The mount that dropped the changes deleted the staged block too.
     assert!(!out.stdout.contains("leftover"), "{}", out.stdout);
+    assert_eq!(objects(&store).len(), 2, "{}", out.stdout);
     lose_cache(&v);
     v.mount();
     assert_eq!(fs::read(v.path("f")).unwrap(), synced);

@@ -1301,7 +1301,10 @@ impl Fs {
                         self.doom_unnamed(r, ino)?;
                         done += 1;
                     }
-                    Dirty::Lost => self.drop_unsynced(r, ino, &e.path())?,
+                    Dirty::Lost => {
+                        self.drop_unsynced(r, ino, &e.path())?;
+                        self.doom_unnamed(r, ino)?;
+                    }
                 }
                 // Empty ones (the pool's made-ahead files among them) take
                 // no space.
@@ -1363,9 +1366,10 @@ impl Fs {
         Ok(())
     }
 
-    /// After the recovery of a file a stopped daemon left dirty: the
-    /// objects under its prefix that its map does not name (blocks the
-    /// stager sent, an upload the kill cut short) are queued for deletion,
+    /// After the recovery of a file a stopped daemon left dirty (its
+    /// changes uploaded, or dropped after a power cut): the objects under
+    /// its prefix that its map does not name (blocks the stager sent, an
+    /// upload the kill cut short) are queued for deletion,
     /// rather than left for `fsck --repair`. Only where this node is the
     /// volume's only one: on a shared volume another node writing the same
     /// file may be about to name what it staged.
