@@ -469,7 +469,7 @@ fn running_executable_is_never_truncated(opts: &[&str]) {
     fs::copy("/bin/sleep", &exe).unwrap();
     fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).unwrap();
     for round in 0..20 {
-        let mut child = std::process::Command::new(&exe).arg("30").spawn().unwrap();
+        let mut child = spawn_written_executable(&exe);
         for flags in [
             libc::O_WRONLY,
             libc::O_RDWR,
@@ -501,3 +501,20 @@ fn running_executable_is_never_truncated(opts: &[&str]) {
     assert_bytes_eq(&read_file(&exe), &original, "sleep");
 }
 both_modes!(running_executable_is_never_truncated);
+
+/// Starts `exe`, written by this process moments ago, retrying while exec
+/// says ETXTBSY: another test thread's fork between our open and close of
+/// the copy holds its write descriptor until that child's own exec (a
+/// fork-exec race of every multithreaded program, not the filesystem).
+fn spawn_written_executable(exe: &std::path::Path) -> std::process::Child {
+    let mut tries = 0;
+    loop {
+        match std::process::Command::new(exe).arg("30").spawn() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            r => return r.unwrap(),
+        }
+    }
+}
