@@ -1245,8 +1245,7 @@ impl Store {
 
     /// Makes everything applied so far durable.
     pub fn sync(&self) -> Result<()> {
-        let seq = self.applied_seq();
-        self.wait_durable(seq)
+        self.wait_started(self.start_sync())
     }
 
     /// Writes what is pending and stops the committer. While commits fail

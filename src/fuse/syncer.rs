@@ -106,26 +106,28 @@ fn sync_contents(fs: &Fs, jobs: Vec<Job>) -> Vec<(Empty, Option<After>)> {
             Job::Flush { after, reply } => waiting.push((reply, Some(after))),
         }
     }
-    let synced: Vec<_> = std::thread::scope(|s| {
-        let mut files = files.into_iter();
-        let first = files.next();
-        let rest: Vec<_> = files
-            .map(|(fh, datasync, reply)| (s.spawn(move || fs.sync_data(fh, datasync)), reply))
+    // The first file on this thread, the others beside it.
+    let synced: Vec<crate::core::Result<()>> = std::thread::scope(|s| {
+        let others: Vec<_> = files
+            .iter()
+            .skip(1)
+            .map(|&(fh, datasync, _)| s.spawn(move || fs.sync_data(fh, datasync)))
             .collect();
-        let first = first.map(|(fh, datasync, reply)| (fs.sync_data(fh, datasync), reply));
+        let first = files
+            .first()
+            .map(|&(fh, datasync, _)| fs.sync_data(fh, datasync));
         first
             .into_iter()
-            .chain(rest.into_iter().map(|(h, reply)| {
-                let r = h.join().unwrap_or_else(|_| {
+            .chain(others.into_iter().map(|h| {
+                h.join().unwrap_or_else(|_| {
                     Err(crate::core::CoreError::Io(std::io::Error::other(
                         "an fsync panicked",
                     )))
-                });
-                (r, reply)
+                })
             }))
             .collect()
     });
-    for (r, reply) in synced {
+    for ((_, _, reply), r) in files.into_iter().zip(synced) {
         match r {
             Ok(()) => waiting.push((reply, None)),
             Err(e) => reply.answer(Err(e)),
