@@ -172,6 +172,10 @@ pub struct Store {
 
 impl Store {
     pub fn new(config: StoreConfig, limits: Limits) -> Result<Store, StoreError> {
+        // TLS to the store through ring, the crypto the rest of safs uses
+        // (reqwest is built without a provider of its own). Installed once
+        // per process: a second call finds it there, which is no error.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let mut b = AmazonS3Builder::new()
             .with_bucket_name(&config.url.bucket)
             .with_region(&config.region)
