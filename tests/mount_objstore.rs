@@ -1150,15 +1150,33 @@ fn a_damaged_object_is_an_error_never_served() {
     let store = client(&url);
     let listed = objects(&store);
     assert_eq!(listed.len(), 2);
-    // The second block's object, same length, one byte changed.
-    let mut bytes = store.get(&listed[1].0).unwrap();
-    bytes[100] ^= 1;
-    store.put(&listed[1].0, bytes).unwrap();
-    lose_cache(&v);
+    // The second block's object, same length, one byte changed; then
+    // its bytes with more after them, and cut short.
+    let good = store.get(&listed[1].0).unwrap();
+    let mut flipped = good.clone();
+    flipped[100] ^= 1;
+    let mut longer = good.clone();
+    longer.extend_from_slice(b"and more");
+    let shorter = good[..good.len() - 1].to_vec();
+    for bad in [flipped, longer, shorter] {
+        store.put(&listed[1].0, bad).unwrap();
+        lose_cache(&v);
+        v.mount();
+        // A writer's open fetches the whole file first; a reader's reads
+        // fetch the blocks they touch.
+        let e = fs::OpenOptions::new()
+            .append(true)
+            .open(v.path("f"))
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+        let e = fs::read(v.path("f")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+        assert!(v.daemon_log().contains("does not match its block record"));
+        v.unmount();
+    }
+    store.put(&listed[1].0, good).unwrap();
     v.mount();
-    let e = fs::read(v.path("f")).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
-    assert!(v.daemon_log().contains("does not match its block record"));
+    assert_eq!(fs::read(v.path("f")).unwrap(), pattern(10, 5 * MIB));
 }
 
 #[test]

@@ -77,6 +77,41 @@ impl Hash {
             Hash::Blake3 => 2,
         }
     }
+
+    /// A hash of this kind made piece by piece, as bytes arrive.
+    pub fn hasher(self) -> Hasher {
+        match self {
+            Hash::Sha256 => Hasher::Sha256(Box::default()),
+            Hash::Blake3 => Hasher::Blake3(Box::default()),
+        }
+    }
+}
+
+/// [`Hash::of`] of bytes given in pieces.
+pub enum Hasher {
+    Sha256(Box<sha2::Sha256>),
+    Blake3(Box<blake3::Hasher>),
+}
+
+impl Hasher {
+    pub fn update(&mut self, data: &[u8]) {
+        match self {
+            Hasher::Sha256(h) => sha2::Digest::update(h.as_mut(), data),
+            Hasher::Blake3(h) => {
+                h.update(data);
+            }
+        }
+    }
+
+    /// The first 16 bytes of the hash of everything given.
+    pub fn finish(self) -> [u8; 16] {
+        match self {
+            Hasher::Sha256(h) => sha2::Digest::finalize(*h)[..16]
+                .try_into()
+                .expect("16 bytes"),
+            Hasher::Blake3(h) => h.finalize().as_bytes()[..16].try_into().expect("16 bytes"),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -254,6 +289,19 @@ mod tests {
         let old = BlockRef::decode(&k, &seal(&k, Kind::BlockRef, &p)).unwrap();
         assert_eq!(old.kind, Hash::Sha256);
         assert!(old.holds(data) && old.holds_hashed(data, &hash(data)));
+    }
+
+    #[test]
+    fn a_hash_made_in_pieces_is_the_hash_of_the_whole() {
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 + i / 13) as u8).collect();
+        for kind in [Hash::Sha256, Hash::Blake3] {
+            for piece in [1, 1000, 16384, 65536, data.len()] {
+                let mut h = kind.hasher();
+                data.chunks(piece).for_each(|c| h.update(c));
+                assert_eq!(h.finish(), kind.of(&data), "{kind:?} in pieces of {piece}");
+            }
+            assert_eq!(kind.hasher().finish(), kind.of(b""));
+        }
     }
 
     #[test]

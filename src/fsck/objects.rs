@@ -204,9 +204,13 @@ impl Checker<'_> {
         );
         let read = store.get_each(
             &keys,
-            move |i, data| {
+            move |i| {
                 let (len, hash, kind) = expect[i];
-                Ok(data.len() != len as usize || kind.of(&data) != hash)
+                Damage {
+                    len,
+                    hash,
+                    hasher: kind.hasher(),
+                }
             },
             |i, bad| {
                 if bad {
@@ -261,5 +265,26 @@ impl Checker<'_> {
         let mut buf = vec![0u8; n.len as usize];
         f.read_exact_at(&mut buf, u64::from(n.block) * BLOCK).ok()?;
         (n.kind.of(&buf) == n.hash).then_some(buf)
+    }
+}
+
+/// Whether an object read back differs from its record: hashed as it
+/// arrives, never kept.
+struct Damage {
+    len: u32,
+    hash: [u8; 16],
+    hasher: blocks::Hasher,
+}
+
+impl objstore::Sink for Damage {
+    type Made = bool;
+
+    fn piece(&mut self, _at: u64, data: &[u8]) -> std::io::Result<()> {
+        self.hasher.update(data);
+        Ok(())
+    }
+
+    fn end(self, len: u64) -> std::io::Result<bool> {
+        Ok(len != u64::from(self.len) || self.hasher.finish() != self.hash)
     }
 }

@@ -135,6 +135,18 @@ impl Puts<'_> {
 /// this machine's radosgw: 125 MB/s), the store is not.
 pub const PARALLEL: usize = 8;
 
+/// What [`Store::get_each`] does with one object's bytes as they arrive
+/// (on a thread of the client's runtime: quick work, a write into the page
+/// cache at most).
+pub trait Sink: Send + 'static {
+    /// What the whole object made, handed back in key order.
+    type Made: Send + 'static;
+    /// The object's next bytes, `at` bytes from its start.
+    fn piece(&mut self, at: u64, data: &[u8]) -> std::io::Result<()>;
+    /// The object ended, `len` bytes long.
+    fn end(self, len: u64) -> std::io::Result<Self::Made>;
+}
+
 /// Bounds on each call.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -273,19 +285,20 @@ impl Store {
         }
     }
 
-    /// The whole of every object `keys` names, given to `work` as it
-    /// arrives — on a thread of the client's pool, [`PARALLEL`] objects at
-    /// once (checking and storing a block is CPU and copying: one caller
-    /// thread doing all of it was what bounded a cold read) — and what
-    /// `work` made then handed to `each` on the caller's thread, in key
-    /// order.
-    pub fn get_each<P: Send + 'static>(
+    /// Every object `keys` names, [`PARALLEL`] at once, each given piece
+    /// by piece as it arrives to the [`Sink`] `sink` makes for it — on the
+    /// client's threads: a piece is checked and stored while it is still
+    /// in the CPU's cache, and no object is first gathered into one buffer
+    /// (on a cold read those copies and the hand-offs between threads were
+    /// most of what the daemon spent per byte) — and what each sink made
+    /// then handed to `each` on the caller's thread, in key order.
+    pub fn get_each<K: Sink>(
         &self,
         keys: &[String],
-        work: impl Fn(usize, Vec<u8>) -> std::io::Result<P> + Send + Sync + 'static,
-        mut each: impl FnMut(usize, P) -> std::io::Result<()>,
+        sink: impl Fn(usize) -> K + Send + Sync + 'static,
+        mut each: impl FnMut(usize, K::Made) -> std::io::Result<()>,
     ) -> Result<(), GetError> {
-        let work = Arc::new(work);
+        let sink = Arc::new(sink);
         let mut flight = std::collections::VecDeque::new();
         let bound = self.limits.timeout + Duration::from_secs(1);
         let mut next = 0;
@@ -293,14 +306,19 @@ impl Store {
             while next < keys.len() && flight.len() < PARALLEL {
                 let path = self.key(&keys[next]).map_err(GetError::Store)?;
                 let s3 = Arc::clone(&self.s3);
-                let work = Arc::clone(&work);
+                let sink = Arc::clone(&sink);
                 let i = next;
                 flight.push_back(self.rt.spawn(async move {
-                    // Bytes to Vec without a copy: one buffer per object.
-                    let data = Vec::from(s3.get(&path).await?.bytes().await?);
-                    Ok::<_, object_store::Error>(
-                        tokio::task::spawn_blocking(move || work(i, data)).await,
-                    )
+                    let mut body = s3.get(&path).await?.into_stream();
+                    let mut into = sink(i);
+                    let mut at = 0u64;
+                    while let Some(piece) = body.try_next().await? {
+                        if let Err(e) = into.piece(at, &piece) {
+                            return Ok(Err(e));
+                        }
+                        at += piece.len() as u64;
+                    }
+                    Ok::<_, object_store::Error>(into.end(at))
                 }));
                 next += 1;
             }
@@ -309,17 +327,15 @@ impl Store {
             let got = self
                 .rt
                 .block_on(async { tokio::time::timeout(bound, task).await });
-            let failed = |e: &dyn std::fmt::Display| {
-                GetError::Store(StoreError::Other {
-                    endpoint: self.config.endpoint_name(),
-                    detail: format!("a download task failed: {e}"),
-                })
-            };
             let made = match got {
-                Ok(Ok(Ok(Ok(made)))) => made.map_err(GetError::Each)?,
-                Ok(Ok(Ok(Err(e)))) => return Err(failed(&e)),
+                Ok(Ok(Ok(made))) => made.map_err(GetError::Each)?,
                 Ok(Ok(Err(e))) => return Err(GetError::Store(self.classify(Some(&keys[i]), e))),
-                Ok(Err(e)) => return Err(failed(&e)),
+                Ok(Err(e)) => {
+                    return Err(GetError::Store(StoreError::Other {
+                        endpoint: self.config.endpoint_name(),
+                        detail: format!("a download task failed: {e}"),
+                    }));
+                }
                 Err(_) => {
                     return Err(GetError::Store(StoreError::Timeout {
                         endpoint: self.config.endpoint_name(),

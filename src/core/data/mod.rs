@@ -148,10 +148,7 @@ impl DataStore {
             let _g = lock.read();
             return s.read(offset, u64::from(len));
         }
-        let mut buf = vec![0u8; len as usize];
-        let done = read_up_to(file, &mut buf, offset)?;
-        buf.truncate(done);
-        Ok(buf)
+        read_new(file, len as usize, offset)
     }
 
     /// Writes `data` into `ino`'s contents at `offset`.
@@ -348,6 +345,23 @@ pub fn arm_atime(f: &File) -> io::Result<()> {
 
 /// Reads into `buf` from `offset` until it is full or the file ends; the
 /// bytes read.
+/// Up to `len` bytes of `file` from `offset` (fewer at its end) in a new
+/// buffer that is never zeroed first: a large READ's zeroing (or the page
+/// faults of fresh zero pages) cost as much as the read itself.
+pub(crate) fn read_new(file: &File, len: usize, offset: u64) -> io::Result<Vec<u8>> {
+    let mut buf = Vec::with_capacity(len);
+    while buf.len() < len {
+        let at = offset + buf.len() as u64;
+        match rustix::io::pread(file, rustix::buffer::spare_capacity(&mut buf), at) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(buf)
+}
+
 pub(crate) fn read_up_to(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {

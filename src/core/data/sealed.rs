@@ -33,7 +33,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 
-use super::read_up_to;
+use super::{read_new, read_up_to};
 use crate::core::crypto::{BLOCK_OVERHEAD, BlockCipher, BlockLayout};
 
 /// What a cut journal's nonce and tag are bound to besides the inode: its
@@ -152,8 +152,12 @@ impl Sealed<'_> {
         let (b, unit) = (self.layout().block(), self.layout().unit());
         let (first, last) = (offset / b, (end - 1) / b);
         let disk_end = self.layout().sealed_len(size).min((last + 1) * unit);
-        let mut raw = vec![0u8; (disk_end - first * unit) as usize];
-        read_exact_at(self.file, &mut raw, first * unit)?;
+        let want = (disk_end - first * unit) as usize;
+        let mut raw = read_new(self.file, want, first * unit)?;
+        if raw.len() < want {
+            // Shorter than its length says: changed under us or torn.
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
         let mut out = Vec::with_capacity((end - offset) as usize);
         // Each block opened where it was read: one copy, into `out`.
         for (i, sealed) in raw.chunks_mut(unit as usize).enumerate() {

@@ -74,6 +74,7 @@ use crate::format::keys;
 use crate::meta::Write;
 use crate::objstore::{self, StoreError};
 
+mod incoming;
 mod partial;
 
 /// The mark of a backing file that may hold changes the store lacks.
@@ -784,12 +785,11 @@ impl Fs {
         let (wanted, out) = (Arc::new(wanted), Arc::new(f.try_clone()?));
         let stored = r.store.get_each(
             &keys,
-            move |i, data| {
+            move |i| {
                 let (idx, off, b) = &wanted[i];
-                check_block(ino, *idx, b, &data).map_err(std::io::Error::other)?;
-                out.write_all_at(&data, *off)
+                incoming::Incoming::kept(ino, *idx, b.clone(), *off, Arc::clone(&out))
             },
-            |_, ()| Ok(()),
+            |_, _| Ok(()),
         );
         stored?;
         // Fetching is no change: the backing file keeps the file's mtime
@@ -1735,15 +1735,21 @@ pub(crate) fn marked_dirty(path: &Path) -> std::io::Result<bool> {
 /// foreign object is never served.
 fn check_block(ino: u64, block: u32, b: &BlockRef, data: &[u8]) -> Result<()> {
     if !b.holds(data) {
-        tracing::error!(
-            ino,
-            block,
-            object = %blocks::object_key(ino, block, b.generation),
-            "an object from the store does not match its block record: not served"
-        );
-        return Err(CoreError::Io(std::io::Error::from_raw_os_error(libc::EIO)));
+        return Err(bad_block(ino, block, b));
     }
     Ok(())
+}
+
+/// Says that what the store gave for `block` of `ino` does not match its
+/// record: the error its reads get.
+fn bad_block(ino: u64, block: u32, b: &BlockRef) -> CoreError {
+    tracing::error!(
+        ino,
+        block,
+        object = %blocks::object_key(ino, block, b.generation),
+        "an object from the store does not match its block record: not served"
+    );
+    CoreError::Io(std::io::Error::from_raw_os_error(libc::EIO))
 }
 
 /// Bytes a backing file takes on the disk under the cache.

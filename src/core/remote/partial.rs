@@ -31,6 +31,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
+use super::incoming::Incoming;
 use super::{
     CoreError, Counters, DIGEST, Fs, MAP, Remote, Result, StoreError, blocks_of, check_block,
     data_in, get_xattr, map_digest, map_len, map_mark, open_raw, punch, set_xattr,
@@ -491,17 +492,9 @@ fn fetch_blocks_claimed(
     let wanted = Arc::clone(&work_wanted);
     let got = store.get_each(
         &keys,
-        move |i, data| {
+        move |i| {
             let (idx, off, b) = &work_wanted[i];
-            check_block(ino, *idx, b, &data).map_err(std::io::Error::other)?;
-            // Written only while the fill is live, inside its gate: a
-            // whole fetch that ended it never meets a late block.
-            let _g = work_p.gate.read();
-            if work_p.state.lock().ended {
-                return Ok(false);
-            }
-            work_p.file.write_all_at(&data, *off)?;
-            Ok(true)
+            Incoming::fill(ino, *idx, b.clone(), *off, Arc::clone(&work_p))
         },
         |i, landed| {
             if landed {
@@ -520,6 +513,20 @@ fn fetch_blocks_claimed(
         return Ok(Landed::Ended);
     }
     Ok(Landed::Done)
+}
+
+impl Partial {
+    /// Writes `data` of a block coming in at `off` of the backing file,
+    /// if the fill is still live — inside its gate: a whole fetch that
+    /// ended it never meets a late write. Whether it wrote.
+    pub(super) fn write_live(&self, data: &[u8], off: u64) -> std::io::Result<bool> {
+        let _g = self.gate.read();
+        if self.state.lock().ended {
+            return Ok(false);
+        }
+        self.file.write_all_at(data, off)?;
+        Ok(true)
+    }
 }
 
 /// Sets the backing file's mtime to the file's: fetching is no change (a
