@@ -279,8 +279,8 @@ struct Damage {
 impl objstore::Sink for Damage {
     type Made = bool;
 
-    fn piece(&mut self, _at: u64, data: &[u8]) -> std::io::Result<()> {
-        self.hasher.update(data);
+    fn piece(&mut self, _at: u64, data: bytes::Bytes) -> std::io::Result<()> {
+        self.hasher.update(&data);
         Ok(())
     }
 

@@ -142,7 +142,8 @@ pub trait Sink: Send + 'static {
     /// What the whole object made, handed back in key order.
     type Made: Send + 'static;
     /// The object's next bytes, `at` bytes from its start.
-    fn piece(&mut self, at: u64, data: &[u8]) -> std::io::Result<()>;
+    /// (`data` as the client received it: kept without a copy.)
+    fn piece(&mut self, at: u64, data: bytes::Bytes) -> std::io::Result<()>;
     /// The object ended, `len` bytes long.
     fn end(self, len: u64) -> std::io::Result<Self::Made>;
 }
@@ -287,10 +288,10 @@ impl Store {
 
     /// Every object `keys` names, [`PARALLEL`] at once, each given piece
     /// by piece as it arrives to the [`Sink`] `sink` makes for it — on the
-    /// client's threads: a piece is checked and stored while it is still
-    /// in the CPU's cache, and no object is first gathered into one buffer
-    /// (on a cold read those copies and the hand-offs between threads were
-    /// most of what the daemon spent per byte) — and what each sink made
+    /// client's threads: a piece is hashed while it is still in the CPU's
+    /// cache, and no object is first gathered into one buffer (on a cold
+    /// read that copy, a second pass to hash and the hand-off to another
+    /// thread were much of what the daemon spent per byte) — and what each sink made
     /// then handed to `each` on the caller's thread, in key order.
     pub fn get_each<K: Sink>(
         &self,
@@ -313,10 +314,11 @@ impl Store {
                     let mut into = sink(i);
                     let mut at = 0u64;
                     while let Some(piece) = body.try_next().await? {
-                        if let Err(e) = into.piece(at, &piece) {
+                        let n = piece.len() as u64;
+                        if let Err(e) = into.piece(at, piece) {
                             return Ok(Err(e));
                         }
-                        at += piece.len() as u64;
+                        at += n;
                     }
                     Ok::<_, object_store::Error>(into.end(at))
                 }));

@@ -1,20 +1,36 @@
 //! A block on its way from the store into a backing file.
 //!
-//! Each piece is hashed as it arrives (still in the CPU's cache) and goes
-//! where the block belongs: a fill's block is written at once, since no
-//! read of a fill looks at a block before it landed (see `partial`), and a
-//! block it could not check is fetched again; any other block is kept
-//! whole until checked, as the backing file may be open and passed through
-//! there. A block whose bytes do not hash to its record is never served.
+//! Each piece is hashed as it arrives, while it is still in the CPU's
+//! cache, and kept as the client received it (no copy into one buffer).
+//! The pieces go into the backing file in vectored writes of whole
+//! [`SPAN`]s: large writes, so that the page cache holds them in large
+//! folios and later reads of the cached file (passed through) run at local
+//! speed — a write per piece cost those reads a fifth. A fill's block is
+//! written span by span as it comes, since no read of a fill looks at a
+//! block before it landed (see `partial`) and one that does not check out
+//! is fetched again; any other block only once the whole of it hashes to
+//! its record, as its backing file may be open and passed through there.
+//! A block whose bytes do not hash to its record is never served.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::io::IoSlice;
 use std::sync::Arc;
+
+use bytes::Bytes;
 
 use super::bad_block;
 use super::partial::Partial;
-use crate::format::blocks::{BlockRef, Hasher};
+use crate::format::blocks::{BLOCK, BlockRef, Hasher};
 use crate::objstore::Sink;
+
+/// The writes of a fill's block, aligned: large enough that the page
+/// cache keeps the block in large folios (a write per piece cost later
+/// reads of the cached file a fifth), small enough that the client reuses
+/// its receive buffers while they are still in the CPU's cache (keeping a
+/// whole block's pieces cost more CPU than the copy it saved); 512 KiB and
+/// 1 MiB measured alike.
+const SPAN: u64 = 512 << 10;
+const _: () = assert!(BLOCK % SPAN == 0);
 
 pub(super) struct Incoming {
     ino: u64,
@@ -23,26 +39,27 @@ pub(super) struct Incoming {
     /// Where the block starts in the backing file.
     off: u64,
     hasher: Hasher,
+    /// Received and not yet written, from `written` on.
+    pieces: Vec<Bytes>,
+    written: u64,
     into: Into,
 }
 
 enum Into {
-    /// Written once checked, into this file.
-    Kept(Arc<File>, Vec<u8>),
-    /// Written as it comes, while the fill is live; `stopped` once it
-    /// ended.
+    /// This backing file, once checked.
+    File(Arc<File>),
+    /// A fill's backing file, span by span while the fill is live;
+    /// `stopped` once it ended.
     Fill { fill: Arc<Partial>, stopped: bool },
 }
 
 impl Incoming {
-    /// Block `idx` of `ino`, kept whole and written into `file` once
-    /// checked.
-    pub(super) fn kept(ino: u64, idx: u32, block: BlockRef, off: u64, file: Arc<File>) -> Self {
-        let kept = Vec::with_capacity(block.len as usize);
-        Self::new(ino, idx, block, off, Into::Kept(file, kept))
+    /// Block `idx` of `ino`, to be written into `file` at `off`.
+    pub(super) fn file(ino: u64, idx: u32, block: BlockRef, off: u64, file: Arc<File>) -> Self {
+        Self::new(ino, idx, block, off, Into::File(file))
     }
 
-    /// Block `idx` of `ino` for `fill`, written as it comes.
+    /// Block `idx` of `ino` for `fill`, at `off`.
     pub(super) fn fill(ino: u64, idx: u32, block: BlockRef, off: u64, fill: Arc<Partial>) -> Self {
         let into = Into::Fill {
             fill,
@@ -58,12 +75,10 @@ impl Incoming {
             hasher: block.kind.hasher(),
             block,
             off,
+            pieces: Vec::new(),
+            written: 0,
             into,
         }
-    }
-
-    fn bad(&self) -> std::io::Error {
-        std::io::Error::other(bad_block(self.ino, self.idx, &self.block))
     }
 }
 
@@ -71,19 +86,41 @@ impl Sink for Incoming {
     /// Whether the block landed (a fill that ended meanwhile took none).
     type Made = bool;
 
-    fn piece(&mut self, at: u64, data: &[u8]) -> std::io::Result<()> {
-        // Longer than its record: never written over the next block.
+    fn piece(&mut self, at: u64, data: Bytes) -> std::io::Result<()> {
+        // Longer than its record: refused before it is kept.
         if at + data.len() as u64 > u64::from(self.block.len) {
-            return Err(self.bad());
+            return Err(std::io::Error::other(bad_block(
+                self.ino,
+                self.idx,
+                &self.block,
+            )));
         }
-        self.hasher.update(data);
-        match &mut self.into {
-            Into::Kept(_, kept) => kept.extend_from_slice(data),
-            Into::Fill { fill, stopped } => {
-                if !*stopped && !fill.write_live(data, self.off + at)? {
-                    *stopped = true;
-                }
-            }
+        self.hasher.update(&data);
+        let Into::Fill { fill, stopped } = &mut self.into else {
+            self.pieces.push(data);
+            return Ok(());
+        };
+        if *stopped {
+            return Ok(());
+        }
+        // The span this piece ends in is whole: written up to its end.
+        let end = at + data.len() as u64;
+        let span_end = end / SPAN * SPAN;
+        if span_end <= self.written {
+            self.pieces.push(data);
+            return Ok(());
+        }
+        let mut rest = data;
+        let head = rest.split_to((span_end - at) as usize);
+        self.pieces.push(head);
+        let (pieces, off) = (std::mem::take(&mut self.pieces), self.off + self.written);
+        if !fill.write_live(|file| write_pieces_at(file, &pieces, off))? {
+            *stopped = true;
+            return Ok(());
+        }
+        self.written = span_end;
+        if !rest.is_empty() {
+            self.pieces.push(rest);
         }
         Ok(())
     }
@@ -95,17 +132,39 @@ impl Sink for Incoming {
             block,
             off,
             hasher,
+            pieces,
+            written,
             into,
         } = self;
         if len != u64::from(block.len) || hasher.finish() != block.hash {
             return Err(std::io::Error::other(bad_block(ino, idx, &block)));
         }
+        let off = off + written;
         match into {
-            Into::Kept(file, kept) => {
-                file.write_all_at(&kept, off)?;
-                Ok(true)
-            }
-            Into::Fill { stopped, .. } => Ok(!stopped),
+            Into::File(file) => write_pieces_at(&file, &pieces, off).map(|()| true),
+            Into::Fill { stopped: true, .. } => Ok(false),
+            Into::Fill { fill, .. } => fill.write_live(|file| write_pieces_at(file, &pieces, off)),
         }
     }
+}
+
+/// Writes `pieces`, one after the other, at `off` of `file`.
+pub(super) fn write_pieces_at(file: &File, pieces: &[Bytes], mut off: u64) -> std::io::Result<()> {
+    // IOV_MAX slices per call.
+    for batch in pieces.chunks(1024) {
+        let mut slices: Vec<IoSlice<'_>> = batch.iter().map(|p| IoSlice::new(p)).collect();
+        let mut rest = &mut slices[..];
+        while !rest.is_empty() {
+            match rustix::io::pwritev(file, rest, off) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    off += n as u64;
+                    IoSlice::advance_slices(&mut rest, n);
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
 }

@@ -787,7 +787,7 @@ impl Fs {
             &keys,
             move |i| {
                 let (idx, off, b) = &wanted[i];
-                incoming::Incoming::kept(ino, *idx, b.clone(), *off, Arc::clone(&out))
+                incoming::Incoming::file(ino, *idx, b.clone(), *off, Arc::clone(&out))
             },
             |_, _| Ok(()),
         );

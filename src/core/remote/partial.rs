@@ -516,15 +516,18 @@ fn fetch_blocks_claimed(
 }
 
 impl Partial {
-    /// Writes `data` of a block coming in at `off` of the backing file,
-    /// if the fill is still live — inside its gate: a whole fetch that
-    /// ended it never meets a late write. Whether it wrote.
-    pub(super) fn write_live(&self, data: &[u8], off: u64) -> std::io::Result<bool> {
+    /// Writes a block that came in with `write`, if the fill is still live
+    /// — inside its gate: a whole fetch that ended it never meets a late
+    /// write. Whether it wrote.
+    pub(super) fn write_live(
+        &self,
+        write: impl FnOnce(&File) -> std::io::Result<()>,
+    ) -> std::io::Result<bool> {
         let _g = self.gate.read();
         if self.state.lock().ended {
             return Ok(false);
         }
-        self.file.write_all_at(data, off)?;
+        write(&self.file)?;
         Ok(true)
     }
 }
