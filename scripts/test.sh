@@ -7,8 +7,8 @@
 # missing (apt packages, a Rust toolchain, the `tests` user pjdfstest needs,
 # pjdfstest itself), then runs:
 #   1. cargo fmt --all -- --check
-#   2. cargo clippy --workspace --all-targets --release -- -D warnings
-#   3. cargo test --workspace --release --no-fail-fast: unit and property tests
+#   2. cargo clippy --workspace --all-targets --profile ci -- -D warnings
+#   3. cargo test --workspace --profile ci --no-fail-fast: unit and property tests
 #      (the core, the control protocol, the bench, the FUSE wire protocol and
 #      transports), and tests/mount_*.rs, which format and mount real volumes —
 #      over FUSE over io_uring, then the integration tests that mount
@@ -218,9 +218,9 @@ pg_stop() {
 # The S3 server the whole run shares (tests find it through the variables
 # `safs-s3server start` prints); stopped by its daemons' PIDs on exit.
 S3_DIR=$WORK/s3
-S3_SERVER=$ROOT/target/release/safs-s3server
+S3_SERVER=$ROOT/target/ci/safs-s3server
 s3_start() {
-  mkdir -p "$S3_DIR" && cargo build --release --locked --quiet -p safs-s3server &&
+  mkdir -p "$S3_DIR" && cargo build --profile ci --locked --quiet -p safs-s3server &&
     "$S3_SERVER" start "$S3_DIR" >"$WORK/s3.env" && . "$WORK/s3.env"
 }
 s3_stop() {
@@ -312,12 +312,12 @@ step() {
 }
 
 step "cargo fmt --all -- --check" cargo fmt --all -- --check
-# In the release profile: its build scripts and proc-macros are the ones
-# the tests' build below reuses.
-step "cargo clippy --workspace --all-targets --release -- -D warnings" \
-  cargo clippy --workspace --all-targets --release --locked -- -D warnings
+# In the tests' profile: its build scripts and proc-macros are the ones the
+# tests' build below reuses.
+step "cargo clippy --workspace --all-targets --profile ci -- -D warnings" \
+  cargo clippy --workspace --all-targets --profile ci --locked -- -D warnings
 
-# run_cargo_test TRANSPORT ARGS...: cargo test --release ARGS with every safs
+# run_cargo_test TRANSPORT ARGS...: cargo test --profile ci ARGS with every safs
 # mount over TRANSPORT (SAFS_TRANSPORT is the daemon's default for
 # -o transport=), per-binary counts taken from its output.
 run_cargo_test() {
@@ -328,7 +328,7 @@ run_cargo_test() {
   say "$name"
   set +e
   SAFS_TRANSPORT=$transport timeout -k 30 "$CARGO_TEST_TIMEOUT" \
-    cargo test "$@" --release --locked --no-fail-fast -- --test-threads=2 2>&1 | tee "$log"
+    cargo test "$@" --profile ci --locked --no-fail-fast -- --test-threads=2 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   set -e
   read -r passed failed ignored < <(awk '/^test result:/ {
@@ -418,9 +418,9 @@ run_pjdfstest() {
   fi
 }
 
-SAFS=$ROOT/target/release/safs
+SAFS=$ROOT/target/ci/safs
 t0=$SECONDS
-if ! cargo build --release --locked --quiet --bin safs || [ ! -x "$SAFS" ]; then
+if ! cargo build --profile ci --locked --quiet --bin safs || [ ! -x "$SAFS" ]; then
   record FAIL $((SECONDS - t0)) "pjdfstest: not run, safs did not build"
 elif ! pjdfstest_ready; then
   record FAIL 0 "pjdfstest: not run, pjdfstest $PJDFSTEST_VERSION is not installed"
