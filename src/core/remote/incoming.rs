@@ -6,10 +6,11 @@
 //! [`SPAN`]s: large writes, so that the page cache holds them in large
 //! folios and later reads of the cached file (passed through) run at local
 //! speed — a write per piece cost those reads a fifth. A fill's block is
-//! written span by span as it comes, since no read of a fill looks at a
-//! block before it landed (see `partial`) and one that does not check out
-//! is fetched again; any other block only once the whole of it hashes to
-//! its record, as its backing file may be open and passed through there.
+//! written span by span as it comes (its last span once it checks out),
+//! since no read of a fill looks at a block before it landed (see
+//! `partial`) and one that does not check out is fetched again; any other
+//! block only once the whole of it hashes to its record, as its backing
+//! file may be open and passed through there.
 //! A block whose bytes do not hash to its record is never served.
 
 use std::fs::File;
@@ -103,9 +104,13 @@ impl Sink for Incoming {
         if *stopped {
             return Ok(());
         }
-        // The span this piece ends in is whole: written up to its end.
+        // Whole spans written up to the one this piece ends in — never the
+        // block's last, which waits for the check: with all its bytes in
+        // the backing file, a block whose object ran on past them (damaged)
+        // would check out at the next read, its damage unseen.
         let end = at + data.len() as u64;
-        let span_end = end / SPAN * SPAN;
+        let last = u64::from(self.block.len).saturating_sub(1) / SPAN * SPAN;
+        let span_end = (end / SPAN * SPAN).min(last);
         if span_end <= self.written {
             self.pieces.push(data);
             return Ok(());
