@@ -58,17 +58,9 @@ pub enum Hash {
 impl Hash {
     /// The first 16 bytes of `data`'s hash.
     pub fn of(self, data: &[u8]) -> [u8; 16] {
-        match self {
-            Hash::Sha256 => {
-                use sha2::Digest;
-                sha2::Sha256::digest(data)[..16]
-                    .try_into()
-                    .expect("16 bytes")
-            }
-            Hash::Blake3 => blake3::hash(data).as_bytes()[..16]
-                .try_into()
-                .expect("16 bytes"),
-        }
+        let mut h = self.hasher();
+        h.update(data);
+        h.finish()
     }
 
     fn version(self) -> u8 {

@@ -343,8 +343,6 @@ pub fn arm_atime(f: &File) -> io::Result<()> {
         .map_err(io::Error::from)
 }
 
-/// Reads into `buf` from `offset` until it is full or the file ends; the
-/// bytes read.
 /// Up to `len` bytes of `file` from `offset` (fewer at its end) in a new
 /// buffer that is never zeroed first: a large READ's zeroing (or the page
 /// faults of fresh zero pages) cost as much as the read itself.
@@ -362,6 +360,8 @@ pub(crate) fn read_new(file: &File, len: usize, offset: u64) -> io::Result<Vec<u
     Ok(buf)
 }
 
+/// Reads into `buf` from `offset` until it is full or the file ends; the
+/// bytes read.
 pub(crate) fn read_up_to(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
