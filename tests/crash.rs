@@ -125,7 +125,7 @@ fn one_loop(seed: u64, base: &Path, data_path: &str, kind: Volume) {
             unsafe { libc::kill(pid, libc::SIGKILL) };
         })
     };
-    OPLOG.lock().unwrap().clear();
+    oplog_clear();
     let mut snapshots = vec![model.clone()];
     let mut durable = 0usize;
     let inflight: Model;
@@ -236,11 +236,10 @@ fn one_loop(seed: u64, base: &Path, data_path: &str, kind: Volume) {
                 "ino {ino} backing {:?}",
                 std::fs::metadata(&backing).map(|m| (m.len(), m.ino(), m.mtime(), m.ctime()))
             );
-            let log = OPLOG.lock().unwrap();
+            let log = oplog();
             for l in &log[log.len().saturating_sub(60)..] {
                 eprintln!("op: {l}");
             }
-            drop(log);
             for l in std::fs::read_to_string(vol.join("safs.log"))
                 .unwrap_or_default()
                 .lines()
@@ -452,8 +451,9 @@ fn a_postgresql_server_crash_under_a_workload_loses_nothing_acknowledged() {
 /// order, request by request (daemon-side I/O splits it), so any prefix is a
 /// legitimate outcome for a write that was never acknowledged.
 fn torn_inflight_write(snapshots: &[Model], id: u64, got: &[u8]) -> bool {
-    let log = OPLOG.lock().unwrap();
-    let Some(last) = log.last() else { return false };
+    let Some(last) = oplog_last() else {
+        return false;
+    };
     let w: Vec<&str> = last.split_whitespace().collect();
     let ["write", path, "off", off, "len", len, "byte", byte] = w[..] else {
         return false;

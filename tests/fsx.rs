@@ -195,7 +195,7 @@ fn fsx(kind: Volume) {
     let remount_every = (ops / 2).clamp(1, 5000);
     let (mut done, mut refused, mut remounts) = (0usize, 0usize, 0usize);
     for step_no in 1..=ops {
-        OPLOG.lock().unwrap().clear();
+        oplog_clear();
         let mut next = model.clone();
         let (outcome, _) = step(&mut rng, &mnt, &mut next, &names);
         match outcome {
@@ -204,15 +204,10 @@ fn fsx(kind: Volume) {
                 done += 1;
             }
             Outcome::Refused => refused += 1,
-            Outcome::Dead => panic!(
-                "step {step_no}: the daemon died: {:?}",
-                OPLOG.lock().unwrap()
-            ),
+            Outcome::Dead => panic!("step {step_no}: the daemon died: {:?}", oplog()),
         }
         // The paths the step named (its log line holds them).
-        let touched: Vec<String> = OPLOG
-            .lock()
-            .unwrap()
+        let touched: Vec<String> = oplog()
             .iter()
             .flat_map(|l| l.split_whitespace().map(str::to_string).collect::<Vec<_>>())
             .filter(|t| names.contains(t) || ["a", "b", "c"].contains(&t.as_str()))

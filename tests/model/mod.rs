@@ -63,10 +63,32 @@ pub fn run_ok(cmd: &mut Command) -> String {
     text
 }
 
-pub static OPLOG: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+thread_local! {
+    /// The steps this thread's workload took, for failure reports and the
+    /// check for a torn in-flight write. Per thread: the tests of one
+    /// binary run side by side, and one shared log gave a test the other's
+    /// last step as its own (crash.rs: a torn write of the kill loop taken
+    /// for a lost one, as the PostgreSQL loop's step came last).
+    static OPLOG: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 pub fn note(s: String) {
-    OPLOG.lock().unwrap().push(s);
+    OPLOG.with_borrow_mut(|log| log.push(s));
+}
+
+/// Starts this thread's step log afresh.
+pub fn oplog_clear() {
+    OPLOG.with_borrow_mut(Vec::clear);
+}
+
+/// The last step this thread logged.
+pub fn oplog_last() -> Option<String> {
+    OPLOG.with_borrow(|log| log.last().cloned())
+}
+
+/// This thread's step log, oldest first.
+pub fn oplog() -> Vec<String> {
+    OPLOG.with_borrow(Clone::clone)
 }
 
 pub struct Rng(pub u64);
