@@ -16,8 +16,11 @@
 //! name reads a window of entries instead of one: the [`WINDOW`] entries
 //! from the looked-up name on, in key order (from the directory's first,
 //! when it holds no more), and their inodes, in one round trip
-//! ([`ColdDirs`]; a subdirectory a window brought reads a window at its
-//! first miss). A walk through a directory (`ls -l` by
+//! ([`ColdDirs`]). Where the directory's own entries leave room, the window
+//! goes on, breadth first, into the entries of the subdirectories it holds
+//! and theirs (a tree of small directories: a source tree, a mail store);
+//! a subdirectory it could not hold reads a window at its first miss. A
+//! walk through a directory or a tree (`ls -l` by
 //! name, a `git status`, Samba listing a share, bench T1 cold) then pays a
 //! round trip per window, not per name; a path walk (one lookup per
 //! directory) and a run of creates (lookups of names not there) never
@@ -289,11 +292,11 @@ impl Fs {
         {
             self.cold_dirs.noted(d.ino, true);
         }
-        for (n, d, inode, spill) in rest {
+        for (dir, n, d, inode, spill) in rest {
             if is_dir(&d) {
                 self.cold_dirs.noted(d.ino, true);
             }
-            st.dirs().learn(parent, &n, &d);
+            st.dirs().learn(dir, &n, &d);
             if let Some(inode) = inode
                 && !st.is_cached(d.ino)
             {
@@ -332,9 +335,9 @@ impl Fs {
 /// PostgreSQL, and few enough that a window read for nothing costs little.
 pub(super) const WINDOW: usize = 128;
 
-/// An entry a window brought: its name, its record, the inode it names
-/// and that inode's spill pages if they came too.
-type Windowed = (Vec<u8>, Dirent, Option<Inode>, Option<Spill>);
+/// An entry a window brought: its directory, its name, its record, the
+/// inode it names and that inode's spill pages if they came too.
+type Windowed = (u64, Vec<u8>, Dirent, Option<Inode>, Option<Spill>);
 
 /// What a window found of the looked-up name itself.
 type WindowFound = Option<(Dirent, Option<Inode>, Option<Spill>)>;
@@ -359,36 +362,49 @@ impl Fs {
     ) -> Result<(WindowFound, Vec<Windowed>)> {
         let key = self.keyspace.dirent(parent, name);
         let (first, end) = keys::ino_range(keys::P_DIRENT, parent);
-        let rows = self.store.scan_and_follow(
+        // With the entries of the subdirectories it holds, and theirs, as
+        // far as the window goes: a walk through a tree of small
+        // directories pays a round trip per window, not per directory.
+        let into_dirs = crate::meta::Descend {
+            prefix: keys::P_DIRENT,
+            kind_at: crate::format::dirent::INO_AT + 8,
+            kind: (libc::S_IFDIR >> 12) as u8,
+        };
+        let rows = self.store.scan_tree_and_follow(
             if whole { &first } else { &key },
             &end,
             WINDOW,
             crate::format::dirent::INO_AT,
             keys::P_INODE,
+            Some(into_dirs),
         )?;
-        // Whether the window says if `name` exists: it started there, or
-        // ran to the directory's end, or past `name`.
-        let decides = !whole || rows.len() < WINDOW || rows.last().is_some_and(|(k, ..)| *k >= key);
         let mut entries = Vec::with_capacity(rows.len());
         let mut inodes = Vec::with_capacity(rows.len());
         for (k, v, irec) in &rows {
             let d = Dirent::decode(k, v).map_err(|e| CoreError::corrupt(k, e))?;
             let ikey = keys::inode(d.ino);
             inodes.push(irec.as_ref().map(|r| decode_inode(&ikey, r)).transpose()?);
-            entries.push((k, d));
+            entries.push((keys::key_ino(k).unwrap_or(0), k, d));
         }
+        // `parent`'s own (the first range, whole before any other).
+        let own = entries.iter().filter(|(p, ..)| *p == parent).count();
+        // Whether the window says if `name` exists: it started there, or
+        // ran to the directory's end, or past `name`.
+        let decides =
+            !whole || own < WINDOW || entries.iter().any(|(p, k, _)| *p == parent && **k >= key);
         let spilled: Vec<(u64, u64)> = entries
             .iter()
             .zip(&inodes)
-            .filter_map(|((_, d), i)| {
+            .filter(|((p, ..), _)| *p == parent)
+            .filter_map(|((_, _, d), i)| {
                 let len = u64::from(i.as_ref()?.spill_len);
                 (len > 0).then_some((d.ino, len))
             })
             .collect();
-        let mut spills = self.read_window_spills(spilled, inodes.len())?;
+        let mut spills = self.read_window_spills(spilled, own)?;
         let mut found = None;
         let mut rest = Vec::with_capacity(entries.len());
-        for ((k, d), inode) in entries.into_iter().zip(inodes) {
+        for ((p, k, d), inode) in entries.into_iter().zip(inodes) {
             // A spill that does not decode is left for its own read to
             // report.
             let spill = inode.as_ref().and_then(|i| {
@@ -401,7 +417,7 @@ impl Fs {
             }
             // A name that does not decode is left for its own lookup.
             if let Ok(n) = self.keyspace.entry_name(k) {
-                rest.push((n, d, inode, spill));
+                rest.push((p, n, d, inode, spill));
             }
         }
         if found.is_none() && !decides {

@@ -584,29 +584,40 @@ impl Store {
     /// (one round trip on PostgreSQL) when nothing in the range waits in
     /// the overlay; otherwise a merged [`Store::scan`] and the pointees in
     /// one [`Store::get_many`].
-    pub fn scan_and_follow(
+    ///
+    /// With `descend`, [`MetaRead::scan_tree_and_follow`]: one engine call
+    /// when nothing in any range it may go down to waits in the overlay
+    /// either; otherwise the first range alone, as above.
+    pub fn scan_tree_and_follow(
         &self,
         start: &[u8],
         end: &[u8],
         limit: usize,
         at: usize,
         prefix: u8,
+        descend: Option<crate::meta::Descend>,
     ) -> Result<Vec<crate::meta::ScannedFollowed>> {
         let since = {
             let ov = self.overlay.lock();
-            let range = (
-                Bound::Included(start.to_vec()),
-                Bound::Excluded(end.to_vec()),
-            );
-            let waiting = ov.pending.range(range.clone()).next().is_some()
-                || ov.committing.range(range).next().is_some();
+            let waits = |lo: &[u8], hi: &[u8]| {
+                let range = (Bound::Included(lo.to_vec()), Bound::Excluded(hi.to_vec()));
+                ov.pending.range(range.clone()).next().is_some()
+                    || ov.committing.range(range).next().is_some()
+            };
+            let waiting =
+                waits(start, end) || descend.is_some_and(|d| waits(&[d.prefix], &[d.prefix + 1]));
             (!waiting && self.engine.follows_in_one_read()).then_some(ov.landed_seq)
         };
         let Some(since) = since else {
             let pairs = self.scan(start, end, limit)?;
             return crate::meta::with_pointees(pairs, at, prefix, |keys| self.get_many(keys));
         };
-        let mut rows = self.engine.scan_and_follow(start, end, limit, at, prefix)?;
+        let mut rows = match descend {
+            Some(d) => self
+                .engine
+                .scan_tree_and_follow(start, end, limit, at, prefix, d)?,
+            None => self.engine.scan_and_follow(start, end, limit, at, prefix)?,
+        };
         // Square the pointees with the overlay, as `settle_followed` does
         // for one: a waiting one wins; if a commit landed meanwhile, what
         // the engine said of the others may be older: read again.
@@ -2295,7 +2306,7 @@ mod tests {
         let store = Store::new(engine, Duration::from_secs(3600), None);
         let scan = || -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
             store
-                .scan_and_follow(b"D", b"E", 10, 1, b'I')
+                .scan_tree_and_follow(b"D", b"E", 10, 1, b'I', None)
                 .unwrap()
                 .into_iter()
                 .map(|(k, _, p)| (k, p))
@@ -2333,6 +2344,62 @@ mod tests {
                 (b"Db".to_vec(), some(b"new 8")),
                 (b"Dc".to_vec(), some(b"nine"))
             ]
+        );
+        store.close().unwrap();
+    }
+
+    /// A tree read goes down into the ranges its entries point to in one
+    /// engine call; an entry waiting in the overlay anywhere it may go down
+    /// to makes it the first range alone, read through the overlay.
+    #[test]
+    fn a_tree_read_goes_down_unless_an_entry_waits_where_it_may_go() {
+        let engine = Arc::new(Following(MemStore::new()));
+        let dir = |ino: u8| {
+            let mut v = b"x\0\0\0\0\0\0\0".to_vec();
+            v.extend([ino, 4]);
+            v
+        };
+        engine
+            .commit(&[
+                (b"D\0\0\0\0\0\0\0\x01a".to_vec(), Some(dir(2))),
+                (b"D\0\0\0\0\0\0\0\x02x".to_vec(), Some(dir(3))),
+                (b"I\0\0\0\0\0\0\0\x02".to_vec(), Some(b"two".to_vec())),
+            ])
+            .unwrap();
+        let store = Store::new(engine, Duration::from_secs(3600), None);
+        let descend = crate::meta::Descend {
+            prefix: b'D',
+            kind_at: 9,
+            kind: 4,
+        };
+        let tree = || -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+            let mut rows: Vec<_> = store
+                .scan_tree_and_follow(
+                    b"D\0\0\0\0\0\0\0\x01",
+                    b"D\0\0\0\0\0\0\0\x02",
+                    10,
+                    1,
+                    b'I',
+                    Some(descend),
+                )
+                .unwrap()
+                .into_iter()
+                .map(|(k, _, p)| (k, p))
+                .collect();
+            rows.sort();
+            rows
+        };
+        assert_eq!(
+            tree(),
+            vec![
+                (b"D\0\0\0\0\0\0\0\x01a".to_vec(), Some(b"two".to_vec())),
+                (b"D\0\0\0\0\0\0\0\x02x".to_vec(), None),
+            ]
+        );
+        store.apply(vec![(b"D\0\0\0\0\0\0\0\x02y".to_vec(), Some(dir(4)))]);
+        assert_eq!(
+            tree(),
+            vec![(b"D\0\0\0\0\0\0\0\x01a".to_vec(), Some(b"two".to_vec()))]
         );
         store.close().unwrap();
     }

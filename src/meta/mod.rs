@@ -246,6 +246,28 @@ pub trait MetaRead {
         with_pointees(pairs, at, prefix, |keys| self.get_many(keys))
     }
 
+    /// [`MetaRead::scan_and_follow`], then, breadth first while fewer than
+    /// `limit` pairs are read, the range each pair that `descend` marks
+    /// points to (see [`Descend`]), each scanned in key order: a directory's
+    /// window and its subdirectories' entries, for a walk through a tree of
+    /// small directories (`git status`). The first range comes whole (up to
+    /// `limit`) before any other; a later range may be cut by the limit.
+    /// Engines that follow in one read answer in one round trip; the default
+    /// reads each range in turn.
+    fn scan_tree_and_follow(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        at: usize,
+        prefix: u8,
+        descend: Descend,
+    ) -> Result<Vec<ScannedFollowed>, MetaError> {
+        descend.walk(start, end, limit, at, |lo, hi, n| {
+            self.scan_and_follow(lo, hi, n, at, prefix)
+        })
+    }
+
     /// [`MetaRead::get_and_follow`], and with it, when the pointee was
     /// found, the pairs whose keys lie in `[companion ‖ p, companion ‖ p ‖
     /// 0xff)`, `p` being the 8 pointer bytes (an inode's spill pages, for a
@@ -268,6 +290,62 @@ pub trait MetaRead {
     /// then is it worth calling by a caller that may not need the pointee.
     fn follows_in_one_read(&self) -> bool {
         false
+    }
+}
+
+/// Which pairs [`MetaRead::scan_tree_and_follow`] goes down from: those
+/// whose value holds `kind` at byte `kind_at`; and where: the keys
+/// `[prefix ‖ p, prefix ‖ (p + 1))`, `p` the value's 8 pointer bytes read
+/// as a big-endian number (a directory entry's inode number, and the
+/// entries of that directory).
+#[derive(Clone, Copy, Debug)]
+pub struct Descend {
+    pub prefix: u8,
+    pub kind_at: usize,
+    pub kind: u8,
+}
+
+impl Descend {
+    /// [`MetaRead::scan_tree_and_follow`] as the default method answers
+    /// it, by a scan of each range in turn (`scan(lo, hi, limit)`).
+    pub fn walk<E>(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        at: usize,
+        mut scan: impl FnMut(&[u8], &[u8], usize) -> Result<Vec<ScannedFollowed>, E>,
+    ) -> Result<Vec<ScannedFollowed>, E> {
+        let mut rows = scan(start, end, limit)?;
+        let mut next = 0;
+        while next < rows.len() && rows.len() < limit {
+            let range = self.range(&rows[next].1, at);
+            next += 1;
+            if let Some((lo, hi)) = range {
+                let more = scan(&lo, &hi, limit - rows.len())?;
+                rows.extend(more);
+            }
+        }
+        Ok(rows)
+    }
+
+    /// The range `value` points to, if it is one to go down from. Pointers
+    /// at or past `i64::MAX` are not followed (PostgreSQL counts in
+    /// `bigint`), nor are those of values too short to hold them.
+    pub fn range(&self, value: &[u8], at: usize) -> Option<(Vec<u8>, Vec<u8>)> {
+        if value.get(self.kind_at) != Some(&self.kind) {
+            return None;
+        }
+        let p = u64::from_be_bytes(value.get(at..at.checked_add(8)?)?.try_into().ok()?);
+        if p >= i64::MAX as u64 {
+            return None;
+        }
+        let key = |n: u64| {
+            let mut k = vec![self.prefix];
+            k.extend_from_slice(&n.to_be_bytes());
+            k
+        };
+        Some((key(p), key(p + 1)))
     }
 }
 
@@ -754,6 +832,78 @@ pub(crate) mod conformance {
             .map(|(k, _, p)| (k, p))
             .collect();
         assert_eq!(first, vec![(b"Eptr".to_vec(), Some(b"inode 7".to_vec()))]);
+        // A tree: each pair a directory marks (kind byte 4 at 9) leads to
+        // its own range, breadth first, within the limit.
+        let ent = |ino: u64, kind: u8| {
+            let mut v = b"x".to_vec();
+            v.extend_from_slice(&ino.to_be_bytes());
+            v.push(kind);
+            v
+        };
+        let dkey = |parent: u64, name: &[u8]| {
+            let mut k = b"T".to_vec();
+            k.extend_from_slice(&parent.to_be_bytes());
+            k.extend_from_slice(name);
+            k
+        };
+        let ikey = |ino: u64| {
+            let mut k = b"I".to_vec();
+            k.extend_from_slice(&ino.to_be_bytes());
+            k
+        };
+        store
+            .commit(&[
+                (dkey(1, b"a"), Some(ent(2, 4))),
+                (dkey(1, b"b"), Some(ent(3, 8))),
+                (dkey(1, b"c"), Some(ent(4, 4))),
+                (dkey(1, b"d"), Some(ent(i64::MAX as u64, 4))),
+                (dkey(2, b"x"), Some(ent(5, 4))),
+                (dkey(4, b"y"), Some(ent(6, 8))),
+                (dkey(5, b"z"), Some(ent(7, 8))),
+                // Not below 1: the next directory's range.
+                (dkey(8, b"w"), Some(ent(9, 8))),
+                (ikey(2), Some(b"inode 2".to_vec())),
+                (ikey(5), Some(b"inode 5".to_vec())),
+            ])
+            .unwrap();
+        let descend = Descend {
+            prefix: b'T',
+            kind_at: 9,
+            kind: 4,
+        };
+        let tree = |limit| {
+            let mut rows = store
+                .scan_tree_and_follow(&dkey(1, b""), &dkey(2, b""), limit, 1, b'I', descend)
+                .unwrap();
+            let n = rows.len();
+            rows.sort();
+            (n, rows)
+        };
+        let (n, all) = tree(100);
+        assert_eq!(n, 7);
+        let want: Vec<_> = [
+            (1, &b"a"[..], 2, 4, Some(&b"inode 2"[..])),
+            (1, b"b", 3, 8, None),
+            (1, b"c", 4, 4, None),
+            (1, b"d", i64::MAX as u64, 4, None),
+            (2, b"x", 5, 4, Some(b"inode 5")),
+            (4, b"y", 6, 8, None),
+            // Inode 7 was written above.
+            (5, b"z", 7, 8, Some(b"inode 7")),
+        ]
+        .into_iter()
+        .map(|(p, name, ino, kind, inode)| {
+            (dkey(p, name), ent(ino, kind), inode.map(<[u8]>::to_vec))
+        })
+        .collect();
+        assert_eq!(all, want);
+        // The first range whole before any other; then as far as the limit.
+        let (n, some) = tree(5);
+        assert_eq!(n, 5);
+        assert!(want[..4].iter().all(|r| some.contains(r)));
+        let (n, first) = tree(2);
+        assert_eq!((n, first), (2, want[..2].to_vec()));
+
         // With the pointee's companion records: exactly those of its 8
         // bytes (not the next inode's), where the engine reads them at all.
         store

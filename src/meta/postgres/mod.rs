@@ -150,6 +150,7 @@ struct Conn {
     get_and_follow: Statement,
     /// A scan's pairs and what each value points to, in one round trip.
     scan_and_follow: Statement,
+    scan_tree_and_follow: Statement,
     /// The same and the pointee's companion records (one row each).
     get_follow_and_range: Statement,
     scan: Statement,
@@ -442,6 +443,26 @@ impl PgStore {
                  ORDER BY a.k",
             )
             .map_err(engine_err)?;
+        // Breadth first, as the default method: PostgreSQL emits the first
+        // range before recursing and stops at the outer limit. The inner
+        // limit bounds each range; `bit(64)` reads the pointer as a number.
+        let scan_tree_and_follow = client
+            .prepare(
+                "WITH RECURSIVE w(k, v) AS ((SELECT k, v FROM safs_kv \
+                 WHERE k >= $1 AND k < $2 ORDER BY k LIMIT $3) \
+                 UNION ALL SELECT c.k, c.v FROM w CROSS JOIN LATERAL (\
+                 SELECT k, v FROM safs_kv WHERE k >= $6 || substring(w.v FROM $5 FOR 8) \
+                 AND k < $6 || int8send(('x' || encode(substring(w.v FROM $5 FOR 8), 'hex'))\
+                 ::bit(64)::bigint + 1) ORDER BY k LIMIT $3) c \
+                 WHERE length(w.v) > $7 AND get_byte(w.v, $7) = $8 \
+                 AND length(w.v) >= $5 + 7 \
+                 AND substring(w.v FROM $5 FOR 8) < '\\x7fffffffffffffff'::bytea) \
+                 SELECT a.k, a.v, b.v FROM (SELECT k, v FROM w LIMIT $3) a \
+                 LEFT JOIN LATERAL (SELECT v FROM safs_kv \
+                 WHERE length(a.v) >= $5 + 7 AND k = $4 || substring(a.v FROM $5 FOR 8)) b \
+                 ON true",
+            )
+            .map_err(engine_err)?;
         // One row per companion record (or one with NULLs): the value and
         // the pointee repeat, a few hundred bytes for a spill page or two.
         let get_follow_and_range = client
@@ -508,6 +529,7 @@ impl PgStore {
             get_many,
             get_and_follow,
             scan_and_follow,
+            scan_tree_and_follow,
             get_follow_and_range,
             scan,
             commit,
@@ -800,6 +822,42 @@ impl MetaRead for PgStore {
             let rows = c.client.query(
                 &c.scan_and_follow,
                 &[&start, &end, &limit, &&prefix[..], &from],
+            )?;
+            Ok(rows
+                .into_iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect())
+        })
+    }
+
+    fn scan_tree_and_follow(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        at: usize,
+        prefix: u8,
+        descend: super::Descend,
+    ) -> Result<Vec<super::ScannedFollowed>, MetaError> {
+        self.tally.scan();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let from = i32::try_from(at + 1).unwrap_or(i32::MAX - 8);
+        let kind_at = i32::try_from(descend.kind_at).unwrap_or(i32::MAX);
+        let kind = i32::from(descend.kind);
+        let (prefix, down) = ([prefix], [descend.prefix]);
+        self.with_conn(|c| {
+            let rows = c.client.query(
+                &c.scan_tree_and_follow,
+                &[
+                    &start,
+                    &end,
+                    &limit,
+                    &&prefix[..],
+                    &from,
+                    &&down[..],
+                    &kind_at,
+                    &kind,
+                ],
             )?;
             Ok(rows
                 .into_iter()
