@@ -150,6 +150,8 @@ struct Conn {
     get_and_follow: Statement,
     /// A scan's pairs and what each value points to, in one round trip.
     scan_and_follow: Statement,
+    /// The same, going down into the ranges the pairs point to (see
+    /// `MetaRead::scan_tree_and_follow`), in one round trip.
     scan_tree_and_follow: Statement,
     /// The same and the pointee's companion records (one row each).
     get_follow_and_range: Statement,
