@@ -293,6 +293,14 @@ impl Fs {
         Ok(self.data.read(&h.file, h.ino.0, offset, size)?)
     }
 
+    /// [`Fs::read`] into `buf` (as many bytes as it holds), e.g. straight
+    /// into the transport's reply buffer: the bytes read.
+    pub fn read_into(&self, fh: Fh, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let h = self.handle(fh)?;
+        self.fill(h.ino.0, offset, buf.len() as u64)?;
+        Ok(self.data.read_into(&h.file, h.ino.0, offset, buf)?)
+    }
+
     pub fn write(&self, fh: Fh, offset: u64, data: &[u8]) -> Result<u32> {
         let h = self.handle(fh)?;
         if !h.writable {

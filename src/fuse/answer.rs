@@ -55,6 +55,27 @@ impl Answer for Data {
     }
 }
 
+impl Data {
+    /// Answers a READ of up to `size` bytes: read straight into the
+    /// reply's buffer where the transport has one (`read_into`, one copy
+    /// less per byte on the way back), else into a buffer of its own
+    /// (`read`).
+    pub(super) fn answer_read(
+        self,
+        size: u32,
+        read_into: impl FnOnce(&mut [u8]) -> core::Result<usize>,
+        read: impl FnOnce() -> core::Result<Vec<u8>>,
+    ) {
+        match self.0.in_place(size as usize) {
+            Ok(mut out) => match read_into(out.buf()) {
+                Ok(n) => out.send(n),
+                Err(e) => out.error(e.errno()),
+            },
+            Err(reply) => Data(reply).answer(read()),
+        }
+    }
+}
+
 /// Bytes written.
 pub(super) struct Written(pub Reply);
 

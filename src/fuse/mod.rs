@@ -631,7 +631,7 @@ impl SafsFuse {
             } => {
                 let t = self.stats.start(Op::Read);
                 let Some(pool) = self.readers.get().filter(|p| p.wanted(size)) else {
-                    return Data(reply).answer(self.fs.read(Fh(fh), offset, size));
+                    return readers::answer(&self.fs, Fh(fh), offset, size, Data(reply));
                 };
                 let job = readers::Job {
                     fh: Fh(fh),
@@ -642,7 +642,7 @@ impl SafsFuse {
                 };
                 if let Err(job) = pool.send(job) {
                     // The pool is gone (it never stops before the session).
-                    job.reply.answer(self.fs.read(job.fh, job.offset, job.size));
+                    readers::answer(&self.fs, job.fh, job.offset, job.size, job.reply);
                     self.stats.record(Op::Read, job.since);
                 }
             }

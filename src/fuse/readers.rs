@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use std::time::Instant;
 
-use super::answer::{Answer, Data};
+use super::answer::Data;
 use super::stats::{Op, Stats};
 use crate::core::{Fh, Fs};
 
@@ -90,8 +90,18 @@ fn run(fs: &Fs, stats: &Stats, rx: &Mutex<Receiver<Job>>, busy: &AtomicUsize) {
             Err(_) => return,
         };
         let Ok(job) = job else { return };
-        job.reply.answer(fs.read(job.fh, job.offset, job.size));
+        answer(fs, job.fh, job.offset, job.size, job.reply);
         stats.record(Op::Read, job.since);
         busy.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// Answers a READ of `size` bytes of `fh` at `offset`, wherever it is
+/// served.
+pub(super) fn answer(fs: &Fs, fh: Fh, offset: u64, size: u32, reply: Data) {
+    reply.answer_read(
+        size,
+        |buf| fs.read_into(fh, offset, buf),
+        || fs.read(fh, offset, size),
+    );
 }

@@ -140,6 +140,17 @@ impl Reply {
         self.finish(-errno, &[]);
     }
 
+    /// Room to write a body of up to `len` bytes in place, straight into
+    /// the buffer the kernel takes the reply from (one copy less on the
+    /// way back): over io_uring, when the ring entry's payload buffer is
+    /// large enough and free; else `Err(self)`, to reply as usual.
+    pub fn in_place(self, len: usize) -> Result<InPlace, Reply> {
+        match &self.route {
+            Some(Route::Uring(slot)) if slot.can_place(len) => Ok(InPlace { reply: self, len }),
+            _ => Err(self),
+        }
+    }
+
     /// No reply (FORGET, BATCH_FORGET: the kernel expects none).
     pub fn none(mut self) {
         trace::answered(self.unique, self.opcode, self.arrived_ns);
@@ -157,6 +168,38 @@ impl Reply {
             Some(Route::Uring(slot)) => slot.send(self.unique, error, body),
             None => {}
         }
+    }
+}
+
+/// A reply whose body is written in place (see [`Reply::in_place`]).
+/// Dropped unsent, it answers `EIO` as a [`Reply`] does.
+pub struct InPlace {
+    reply: Reply,
+    len: usize,
+}
+
+impl InPlace {
+    /// The body's room: `len` bytes (what they held before is undefined).
+    pub fn buf(&mut self) -> &mut [u8] {
+        match &mut self.reply.route {
+            Some(Route::Uring(slot)) => slot.placed(self.len),
+            _ => unreachable!("in place only over io_uring"),
+        }
+    }
+
+    /// Success, with the first `len` bytes of [`InPlace::buf`] as the body.
+    pub fn send(mut self, len: usize) {
+        assert!(len <= self.len);
+        let r = &mut self.reply;
+        trace::answered(r.unique, r.opcode, r.arrived_ns);
+        if let Some(Route::Uring(slot)) = r.route.take() {
+            slot.send_placed(r.unique, len);
+        }
+    }
+
+    /// Failure with `errno`.
+    pub fn error(self, errno: i32) {
+        self.reply.error(errno);
     }
 }
 

@@ -324,6 +324,38 @@ impl Slot {
             q.complete(self.idx, unique, error, body);
         }
     }
+
+    /// Whether a reply body of `len` bytes can be written in place, into
+    /// the entry's payload buffer: it is large enough, and the handler
+    /// does not read the request's own payload from it.
+    pub(super) fn can_place(&self, len: usize) -> bool {
+        self.queue
+            .as_ref()
+            .is_some_and(|q| q.payload_free(self.idx as usize, len))
+    }
+
+    /// The first `len` bytes of the entry's payload buffer, for a body
+    /// written in place (`can_place(len)` must have said so).
+    pub(super) fn placed(&mut self, len: usize) -> &mut [u8] {
+        let q = self.queue.as_ref().expect("a slot not sent yet");
+        assert!(q.payload_free(self.idx as usize, len));
+        // SAFETY: inside the entry's payload buffer (`payload_free` checks
+        // `len`), which is out of the kernel until this slot sends; the
+        // slot is the entry's only reply and borrowed mutably here, and the
+        // handler holds none of that buffer (`payload_free`).
+        #[allow(unsafe_code)]
+        unsafe {
+            std::slice::from_raw_parts_mut(q.payload_at(self.idx as usize), len)
+        }
+    }
+
+    /// Sends the reply whose first `len` body bytes were written in place
+    /// (see [`Slot::placed`]).
+    pub(super) fn send_placed(mut self, unique: u64, len: usize) {
+        if let Some(q) = self.queue.take() {
+            q.complete_placed(self.idx, unique, len);
+        }
+    }
 }
 
 impl Drop for Slot {
@@ -513,12 +545,7 @@ impl Queue {
             body = &[];
             len = 0;
         }
-        let ent = &self.entries[idx as usize];
-        // The handler holds the request's payload (and nothing else the
-        // reply writes: it got a copy of the header) until it returns.
-        let free = len == 0
-            || !ent.in_handle.load(Ordering::Acquire)
-            || ent.req_len.load(Ordering::Relaxed) == 0;
+        let free = len == 0 || self.payload_free(idx as usize, len);
         let staged = if free {
             // SAFETY: the entry is out of the kernel until this `Done` is
             // committed, no other reply exists for it, and the bytes written
@@ -535,7 +562,40 @@ impl Queue {
                 body: body.concat(),
             }))
         };
-        let mut done = Some(Done { idx, staged });
+        self.queue_done(Done { idx, staged });
+    }
+
+    /// Whether entry `idx`'s payload buffer may take a reply body of `len`
+    /// bytes now.
+    fn payload_free(&self, idx: usize, len: usize) -> bool {
+        let ent = &self.entries[idx];
+        // The handler holds the request's payload (and nothing else the
+        // reply writes: it got a copy of the header) until it returns.
+        len <= self.payload_size
+            && (!ent.in_handle.load(Ordering::Acquire) || ent.req_len.load(Ordering::Relaxed) == 0)
+    }
+
+    /// The start of entry `idx`'s payload buffer (`payload_size` bytes,
+    /// allocated zeroed, so initialized).
+    fn payload_at(&self, idx: usize) -> *mut u8 {
+        self.payloads.at(idx * self.payload_size)
+    }
+
+    /// A success whose first `len` body bytes are in entry `idx`'s payload
+    /// buffer already: its header, then queued for the commit.
+    fn complete_placed(&self, idx: u16, unique: u64, len: usize) {
+        // SAFETY: the entry is out of the kernel until this `Done` is
+        // committed, and its only reply (the slot, consumed) wrote the body.
+        #[allow(unsafe_code)]
+        unsafe {
+            self.write_header(idx as usize, unique, 0, len)
+        };
+        self.queue_done(Done { idx, staged: None });
+    }
+
+    /// Queues replied entry `done` for the commit.
+    fn queue_done(&self, done: Done) {
+        let mut done = Some(done);
         // On the queue thread: committed after the handler returns, with no
         // wakeup. (`SERVING` is cleared before the loop ends.)
         if SERVING.try_with(Cell::get).unwrap_or(0) == self.id()
@@ -562,21 +622,36 @@ impl Queue {
     unsafe fn write_reply(&self, idx: usize, unique: u64, error: i32, body: &[&[u8]]) {
         let len: usize = body.iter().map(|b| b.len()).sum();
         assert!(len <= self.payload_size);
-        let mut out = [0u8; OUT_HEADER_LEN];
-        out[0..4].copy_from_slice(&((OUT_HEADER_LEN + len) as u32).to_ne_bytes());
-        out[4..8].copy_from_slice(&error.to_ne_bytes());
-        out[8..16].copy_from_slice(&unique.to_ne_bytes());
-        let header = self.headers.at(idx * HEADER_STRIDE);
-        let payload = self.payloads.at(idx * self.payload_size);
-        // SAFETY: the ranges are inside entry `idx`'s buffers (the header's
-        // 288 bytes, `len <= payload_size`), which the caller owns now.
+        let payload = self.payload_at(idx);
+        // SAFETY: inside entry `idx`'s payload buffer (`len <=
+        // payload_size`), which the caller owns now; then its header.
         unsafe {
-            std::ptr::copy_nonoverlapping(out.as_ptr(), header, OUT_HEADER_LEN);
             let mut at = 0;
             for part in body {
                 std::ptr::copy_nonoverlapping(part.as_ptr(), payload.add(at), part.len());
                 at += part.len();
             }
+            self.write_header(idx, unique, error, len);
+        }
+    }
+
+    /// Writes entry `idx`'s out header and `payload_sz` for a body of
+    /// `len` bytes.
+    ///
+    /// # Safety
+    /// As for [`Queue::write_reply`].
+    #[allow(unsafe_code)]
+    unsafe fn write_header(&self, idx: usize, unique: u64, error: i32, len: usize) {
+        assert!(len <= self.payload_size);
+        let mut out = [0u8; OUT_HEADER_LEN];
+        out[0..4].copy_from_slice(&((OUT_HEADER_LEN + len) as u32).to_ne_bytes());
+        out[4..8].copy_from_slice(&error.to_ne_bytes());
+        out[8..16].copy_from_slice(&unique.to_ne_bytes());
+        let header = self.headers.at(idx * HEADER_STRIDE);
+        // SAFETY: inside entry `idx`'s header (288 bytes), which the
+        // caller owns now.
+        unsafe {
+            std::ptr::copy_nonoverlapping(out.as_ptr(), header, OUT_HEADER_LEN);
             let sz = (len as u32).to_ne_bytes();
             std::ptr::copy_nonoverlapping(
                 sz.as_ptr(),
