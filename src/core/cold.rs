@@ -381,10 +381,24 @@ impl Fs {
         let mut entries = Vec::with_capacity(rows.len());
         let mut inodes = Vec::with_capacity(rows.len());
         for (k, v, irec) in &rows {
-            let d = Dirent::decode(k, v).map_err(|e| CoreError::corrupt(k, e))?;
-            let ikey = keys::inode(d.ino);
-            inodes.push(irec.as_ref().map(|r| decode_inode(&ikey, r)).transpose()?);
-            entries.push((keys::key_ino(k).unwrap_or(0), k, d));
+            let dir = keys::key_ino(k).unwrap_or(0);
+            let decoded = Dirent::decode(k, v)
+                .map_err(|e| CoreError::corrupt(k, e))
+                .and_then(|d| {
+                    let ikey = keys::inode(d.ino);
+                    let inode = irec.as_ref().map(|r| decode_inode(&ikey, r)).transpose()?;
+                    Ok((d, inode))
+                });
+            let (d, inode) = match decoded {
+                Ok(got) => got,
+                // A record of a subdirectory's that does not decode is left
+                // for its own lookup to report: it must not fail the
+                // lookups of `parent`, which never needed it.
+                Err(_) if dir != parent => continue,
+                Err(e) => return Err(e),
+            };
+            inodes.push(inode);
+            entries.push((dir, k, d));
         }
         // `parent`'s own (the first range, whole before any other).
         let own = entries.iter().filter(|(p, ..)| *p == parent).count();

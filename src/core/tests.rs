@@ -1441,6 +1441,61 @@ fn a_walk_through_a_tree_reads_its_small_directories_a_window_at_a_time() {
     assert_eq!((gets, scans), (2, 4), "point reads, windows");
 }
 
+/// A record that does not decode in a subdirectory a window goes down
+/// into fails only the lookups that need it: the window still answers the
+/// lookups of its own directory and brings the subdirectories' other
+/// entries, and the damaged one is reported as corruption by its own.
+#[test]
+fn a_damaged_record_below_a_window_fails_only_its_own_lookup() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut t = setup(64);
+    t.engine.round_trips.store(true, Relaxed);
+    remount_with_dircache(&mut t, true);
+    let mut tree = Vec::new();
+    for d in ["d0", "d1"] {
+        let dir = node(&t.fs, Ino::ROOT, d, true).unwrap();
+        let files: Vec<(String, Ino)> = (0..3)
+            .map(|i| {
+                let f = format!("f{i}");
+                let ino = node(&t.fs, dir, &f, false).unwrap();
+                (f, ino)
+            })
+            .collect();
+        tree.push((d, dir, files));
+    }
+    let damaged = tree[0].2[1].1;
+    t.fs.sync().unwrap();
+    let key = keys::inode(damaged.0);
+    let mut rec = t.engine.get(&key).unwrap().unwrap();
+    rec[10] ^= 0x40;
+    t.engine.commit(&[(key.to_vec(), Some(rec))]).unwrap();
+    remount_with_dircache(&mut t, true);
+    let fs = &t.fs;
+    t.engine.dirent_gets.store(0, Relaxed);
+    t.engine.dirent_scans.store(0, Relaxed);
+    for (d, dir, _) in &tree {
+        assert_eq!(fs.lookup(Ino::ROOT, d.as_bytes()).unwrap().ino, *dir);
+    }
+    for (d, dir, files) in &tree {
+        for (f, ino) in files {
+            let got = fs.lookup(*dir, f.as_bytes());
+            if *ino == damaged {
+                assert!(matches!(got, Err(CoreError::Corrupt { .. })), "{got:?}");
+            } else {
+                assert_eq!(got.unwrap().ino, *ino, "{d}/{f}");
+            }
+        }
+    }
+    // d0 alone (the root's first miss), then the root's window, which
+    // brings d0's and d1's entries but the damaged one; that one's lookup
+    // reads d0's window, which fails, and then the name alone.
+    let (gets, scans) = (
+        t.engine.dirent_gets.load(Relaxed),
+        t.engine.dirent_scans.load(Relaxed),
+    );
+    assert_eq!((gets, scans), (2, 2), "point reads, windows");
+}
+
 #[test]
 fn getxattrs_through_a_directory_in_turn_read_the_next_spills_in_one_scan_where_reads_are_round_trips()
  {
