@@ -144,10 +144,31 @@ impl Sealed<'_> {
 
     /// Up to `len` bytes at `offset`; short at the end of the file.
     pub fn read(&self, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.read_each(offset, len, |plain| out.extend_from_slice(plain))?;
+        Ok(out)
+    }
+
+    /// [`Sealed::read`] into `buf` (as many bytes as it holds): the bytes
+    /// read.
+    pub fn read_into(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let mut n = 0;
+        self.read_each(offset, buf.len() as u64, |plain| {
+            buf[n..n + plain.len()].copy_from_slice(plain);
+            n += plain.len();
+        })?;
+        Ok(n)
+    }
+
+    /// Opens the blocks under `[offset, offset + len)` (short at the end of
+    /// the file) and hands `each` their bytes in that range, in order:
+    /// each block opened where it was read, then one copy, into the
+    /// caller's buffer.
+    fn read_each(&self, offset: u64, len: u64, mut each: impl FnMut(&[u8])) -> io::Result<()> {
         let size = self.size()?;
         let end = offset.saturating_add(len).min(size);
         if offset >= end {
-            return Ok(Vec::new());
+            return Ok(());
         }
         let (b, unit) = (self.layout().block(), self.layout().unit());
         let (first, last) = (offset / b, (end - 1) / b);
@@ -158,8 +179,6 @@ impl Sealed<'_> {
             // Shorter than its length says: changed under us or torn.
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
-        let mut out = Vec::with_capacity((end - offset) as usize);
-        // Each block opened where it was read: one copy, into `out`.
         for (i, sealed) in raw.chunks_mut(unit as usize).enumerate() {
             let index = first + i as u64;
             let plain = self
@@ -169,9 +188,9 @@ impl Sealed<'_> {
             let base = index * b;
             let from = offset.saturating_sub(base) as usize;
             let to = ((end - base) as usize).min(plain.len());
-            out.extend_from_slice(&plain[from..to]);
+            each(&plain[from..to]);
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Writes `data` at `offset`, extending the file if it goes past the end.
