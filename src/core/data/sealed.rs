@@ -40,6 +40,13 @@ use crate::core::crypto::{BLOCK_OVERHEAD, BlockCipher, BlockLayout};
 /// slot with this bit set, which no block index reaches.
 const JOURNAL: u64 = 1 << 63;
 
+/// A read's end, and the file's plaintext size it was clamped to.
+#[derive(Clone, Copy)]
+struct Span {
+    end: u64,
+    size: u64,
+}
+
 /// Bytes of a cut journal: the new size, sealed.
 const JOURNAL_LEN: u64 = BLOCK_OVERHEAD as u64 + 8;
 
@@ -144,29 +151,39 @@ impl Sealed<'_> {
 
     /// Up to `len` bytes at `offset`; short at the end of the file.
     pub fn read(&self, offset: u64, len: u64) -> io::Result<Vec<u8>> {
-        let mut out = Vec::new();
-        self.read_each(offset, len, |plain| out.extend_from_slice(plain))?;
+        let span = self.span(offset, len)?;
+        let mut out = Vec::with_capacity(span.end.saturating_sub(offset) as usize);
+        self.read_each(offset, span, |plain| out.extend_from_slice(plain))?;
         Ok(out)
     }
 
     /// [`Sealed::read`] into `buf` (as many bytes as it holds): the bytes
     /// read.
     pub fn read_into(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let span = self.span(offset, buf.len() as u64)?;
         let mut n = 0;
-        self.read_each(offset, buf.len() as u64, |plain| {
+        self.read_each(offset, span, |plain| {
             buf[n..n + plain.len()].copy_from_slice(plain);
             n += plain.len();
         })?;
         Ok(n)
     }
 
-    /// Opens the blocks under `[offset, offset + len)` (short at the end of
-    /// the file) and hands `each` their bytes in that range, in order:
-    /// each block opened where it was read, then one copy, into the
-    /// caller's buffer.
-    fn read_each(&self, offset: u64, len: u64, mut each: impl FnMut(&[u8])) -> io::Result<()> {
+    /// Where a read of `len` bytes at `offset` ends (short at the end of
+    /// the file), so that its caller can size its buffer first.
+    fn span(&self, offset: u64, len: u64) -> io::Result<Span> {
         let size = self.size()?;
-        let end = offset.saturating_add(len).min(size);
+        Ok(Span {
+            end: offset.saturating_add(len).min(size),
+            size,
+        })
+    }
+
+    /// Opens the blocks under `[offset, span.end)` and hands `each` their
+    /// bytes in that range, in order: each block opened where it was read,
+    /// then one copy, into the caller's buffer.
+    fn read_each(&self, offset: u64, span: Span, mut each: impl FnMut(&[u8])) -> io::Result<()> {
+        let Span { end, size } = span;
         if offset >= end {
             return Ok(());
         }
