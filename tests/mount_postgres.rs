@@ -83,7 +83,8 @@ fn a_volume_on_postgresql_serves_the_namespace_xattrs_and_contents_across_remoun
     std::fs::create_dir(v.path("s")).unwrap();
     for i in 0..20 {
         std::fs::write(v.path(format!("s/f{i}")), b"").unwrap();
-        setxattr(&v.path(format!("s/f{i}")), "user.acl", &[i as u8; 1000], 0).unwrap();
+        // Beyond the default inline budget: the window reads spill pages.
+        setxattr(&v.path(format!("s/f{i}")), "user.acl", &[i as u8; 2000], 0).unwrap();
     }
     std::os::unix::fs::symlink("big", v.path("link")).unwrap();
     std::fs::hard_link(v.path("big"), v.path("hard")).unwrap();
@@ -102,7 +103,7 @@ fn a_volume_on_postgresql_serves_the_namespace_xattrs_and_contents_across_remoun
     let reads = |v: &TestVolume, i: usize| {
         let before = engine_reads(v);
         let name = v.path(format!("s/f{i}"));
-        assert_eq!(getxattr(&name, "user.acl").unwrap(), vec![i as u8; 1000]);
+        assert_eq!(getxattr(&name, "user.acl").unwrap(), vec![i as u8; 2000]);
         let after = engine_reads(v);
         (after.0 - before.0, after.1 - before.1)
     };

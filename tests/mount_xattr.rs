@@ -15,10 +15,12 @@ use std::path::Path;
 use common::*;
 
 /// Sizes around every boundary a tiered layout can have: empty, tiny, the
-/// default inline budget (~300-320 bytes), pages, the spill limit, the max.
+/// inline budget of older volumes (~300-320 bytes), pages, the default
+/// budget (1,536 bytes: one `user.v` value of 1,521 bytes fills it), the
+/// spill limit, the max.
 const SIZES: &[usize] = &[
-    0, 1, 2, 100, 255, 256, 257, 300, 319, 320, 321, 511, 512, 1000, 1024, 2048, 4095, 4096, 4097,
-    8192, 16383, 16384, 16385, 32768, 65535, 65536,
+    0, 1, 2, 100, 255, 256, 257, 300, 319, 320, 321, 511, 512, 1000, 1024, 1521, 1522, 1536, 2048,
+    4095, 4096, 4097, 8192, 16383, 16384, 16385, 32768, 65535, 65536,
 ];
 
 fn value(seed: usize, len: usize) -> Vec<u8> {
@@ -64,8 +66,8 @@ fn xattr_values_of_every_size_read_back_bit_exact_after_remount() {
 }
 
 #[test]
-fn xattr_round_trip_with_inline_budgets_0_512_and_16384() {
-    for budget in ["0", "512", "16384"] {
+fn xattr_round_trip_with_inline_budgets_0_320_512_and_16384() {
+    for budget in ["0", "320", "512", "16384"] {
         let mut v = TestVolume::with_format_args(&["--inline-xattr-bytes", budget], &[]);
         let f = v.path("f");
         write_file(&f, b"data");

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use lmdb::verify as lmdb_verify;
-pub use lmdb::{LmdbSnapshot, LmdbStore};
+pub use lmdb::{LmdbSnapshot, LmdbStore, stays_in_leaf as lmdb_stays_in_leaf};
 pub use mem::MemStore;
 pub use postgres::PgStore;
 use thiserror::Error;

@@ -32,7 +32,14 @@ pub use unlock::{
     Encryption, block_layout, change_passphrase, check_keys, key_record, keys_for, unlock,
 };
 
-pub const DEFAULT_INLINE_BYTES: u32 = 320;
+/// The inline xattr budget of a new volume. Room for what Samba keeps on
+/// every file it creates (DOSATTRIB, NTACL, a POSIX ACL: 514–660 bytes,
+/// `docs/samba-and-swift.md`) and for a 1 KiB value, so that none of it
+/// costs a second read; small enough that the largest inode record, even
+/// encrypted, stays in one LMDB leaf node (the test below). ZFS's legacy
+/// 512-byte dnode leaves 320 bytes, which Samba's set outgrows; its large
+/// dnodes (`dnodesize=auto`) are the same answer as this one.
+pub const DEFAULT_INLINE_BYTES: u32 = 1536;
 pub const MAX_INLINE_BYTES: u32 = 16_384;
 pub const ROOT_INO: u64 = 1;
 /// Feature bits this build understands.
@@ -479,4 +486,48 @@ fn checked_layout(dir: &Path) -> Result<Layout, VolumeError> {
         return Err(VolumeError::NotAVolume(dir.to_path_buf()));
     }
     Ok(layout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::inode::{DirStats, Inode, Quota, S_IFDIR};
+
+    /// The default budget's fullest inode record — the inline area full,
+    /// a directory's statistics and quota, sealed as an encrypted volume
+    /// seals it — is one LMDB leaf node on 4 KiB pages, not a page of
+    /// overflow of its own.
+    #[test]
+    fn the_default_budget_keeps_an_inode_record_in_a_leaf() {
+        let mut inline = XattrSet::new();
+        let name = b"user.DOSATTRIB".to_vec();
+        let filler = DEFAULT_INLINE_BYTES as usize
+            - inline.packed_len()
+            - crate::format::xattrs::entry_len(&name, &[]);
+        inline.insert(name, vec![0xa5; filler]);
+        assert_eq!(inline.packed_len(), DEFAULT_INLINE_BYTES as usize);
+        let full = Inode {
+            mode: S_IFDIR | 0o755,
+            inline,
+            stats: Some(DirStats {
+                files: 1,
+                rfiles: 1,
+                rsubdirs: 1,
+                rbytes: 1,
+                rctime: 1,
+                rblocks: 1,
+            }),
+            quota: Quota {
+                max_bytes: 1,
+                max_files: 1,
+            },
+            ..Default::default()
+        };
+        let key = keys::inode(u64::MAX);
+        let sealed = full.encode(&key).len() + crate::core::crypto::SEAL_OVERHEAD;
+        assert!(
+            meta::lmdb_stays_in_leaf(4096, key.len(), sealed),
+            "{sealed}-byte inode record"
+        );
+    }
 }

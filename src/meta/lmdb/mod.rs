@@ -257,6 +257,18 @@ const PAGE_HEADER: u64 = 16;
 /// Bytes of an LMDB node header (before its key and value).
 const NODE_HEADER: u64 = 8;
 
+/// The largest node that stays in its page; larger values go to overflow
+/// pages (LMDB's `me_nodemax`).
+const fn node_max(page_size: u64) -> u64 {
+    (((page_size - PAGE_HEADER) / 2) & !1) - 2
+}
+
+/// Whether a record stays in a leaf page of `page_size` bytes (else its
+/// value takes overflow pages of its own: a page or more per record).
+pub fn stays_in_leaf(page_size: u64, key_len: usize, value_len: usize) -> bool {
+    NODE_HEADER + (key_len + value_len) as u64 <= node_max(page_size)
+}
+
 fn engine_err(e: heed::Error) -> MetaError {
     match e {
         heed::Error::Mdb(MdbError::MapFull) => MetaError::NoSpace,
@@ -323,12 +335,6 @@ impl LmdbStore {
     /// End of the pages LMDB uses (its last page, committed).
     fn used_end(&self) -> u64 {
         (self.env.info().last_page_number as u64 + 1) * self.page_size
-    }
-
-    /// The largest node that stays in its page; larger values go to
-    /// overflow pages (LMDB's `me_nodemax`).
-    fn node_max(&self) -> u64 {
-        (((self.page_size - PAGE_HEADER) / 2) & !1) - 2
     }
 
     /// Allocates `[from, to)` of the data file.
@@ -418,7 +424,7 @@ impl MetaStore for LmdbStore {
         let pages = match value_len {
             None => 2,
             Some(v) => {
-                let overflow = if NODE_HEADER + (key_len + v) as u64 > self.node_max() {
+                let overflow = if !stays_in_leaf(self.page_size, key_len, v) {
                     (PAGE_HEADER + v as u64).div_ceil(self.page_size)
                 } else {
                     0
