@@ -1461,7 +1461,7 @@ impl Store {
                     }
                 }
             }
-            let (batch, unlinks, seq) = match ready.take() {
+            let (batch, mut unlinks, seq) = match ready.take() {
                 Some(t) => t,
                 None => self.take(&mut ov),
             };
@@ -1498,7 +1498,8 @@ impl Store {
                 // overlay lock (every operation needs it, and a batch may
                 // free hundreds), and before the batch counts as durable
                 // (a clean unmount waits for that, then the process ends).
-                remove_freed(&unlinks);
+                // Their paths are freed here too, not under the lock.
+                remove_freed(&std::mem::take(&mut unlinks));
             }
 
             ov = self.overlay.lock();
@@ -1615,6 +1616,11 @@ impl Store {
             }
             self.done.notify_all();
             drop(ov);
+            // The batch's last reference, most often: freeing its records
+            // (50-130 µs for 100-160 of them, measured during T5's removes:
+            // the queue threads allocated them) is not for under the
+            // overlay lock, which every operation takes.
+            drop(batch);
             self.maybe_release();
             ov = self.overlay.lock();
             // Top the hold up for the next batches, off the request path
