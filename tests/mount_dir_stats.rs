@@ -41,6 +41,12 @@ fn stat(dir: &Path, name: &str) -> u64 {
     String::from_utf8(v).unwrap().parse().unwrap()
 }
 
+fn write_synced(path: &Path, data: &[u8]) {
+    let mut f = fs::File::create(path).unwrap();
+    std::io::Write::write_all(&mut f, data).unwrap();
+    f.sync_all().unwrap();
+}
+
 /// Every directory under `dir` (and `dir`) against its walk.
 #[track_caller]
 fn assert_stats_match_walks(dir: &Path) {
@@ -72,9 +78,13 @@ fn directory_statistics_match_a_walk_after_every_kind_of_change() {
     let top = v.path("share");
     fs::create_dir_all(top.join("a/b/c")).unwrap();
     fs::create_dir_all(top.join("x")).unwrap();
-    write_file(&top.join("a/one"), &[1u8; 1000]);
-    write_file(&top.join("a/b/two"), &[2u8; 70_000]);
-    write_file(&top.join("a/b/c/three"), b"3");
+    // Synced: a size is recorded at `fsync`, truncate and the writer's
+    // RELEASE, which the kernel sends just after `close(2)` has returned
+    // (safs opens files without FLUSH) — a GETXATTR right after a close
+    // can come first (CI saw it once, over `/dev/fuse`).
+    write_synced(&top.join("a/one"), &[1u8; 1000]);
+    write_synced(&top.join("a/b/two"), &[2u8; 70_000]);
+    write_synced(&top.join("a/b/c/three"), b"3");
     symlink("../one", top.join("a/b/link")).unwrap();
     fs::hard_link(top.join("a/b/two"), top.join("x/two-again")).unwrap();
     assert_stats_match_walks(&top);
@@ -85,6 +95,7 @@ fn directory_statistics_match_a_walk_after_every_kind_of_change() {
         .open(top.join("a/b/two"))
         .unwrap();
     std::io::Write::write_all(&mut f, &[9u8; 5000]).unwrap();
+    f.sync_all().unwrap();
     drop(f);
     fs::OpenOptions::new()
         .write(true)
