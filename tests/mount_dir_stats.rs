@@ -165,6 +165,35 @@ fn directory_statistics_match_a_walk_after_every_kind_of_change() {
     assert_eq!(stat(&v.path(""), "rctime"), ctime);
 }
 
+/// An `fsync` records the size it made durable: a file still open for
+/// writing shows in its directory's statistics as of its last `fsync`
+/// (at once: the `fsync` returns after the commit), not only after the
+/// close.
+#[test]
+fn an_fsync_records_the_size_in_the_statistics() {
+    let v = TestVolume::new();
+    let dir = v.path("logs");
+    fs::create_dir(&dir).unwrap();
+    let mut f = fs::File::create(dir.join("log")).unwrap();
+    for (i, data) in [&[1u8; 3000][..], &[2u8; 70_000], b"x"].iter().enumerate() {
+        std::io::Write::write_all(&mut f, data).unwrap();
+        let before = stat(&dir, "rbytes");
+        if i == 0 {
+            assert_eq!(before, 0, "nothing recorded before the first fsync");
+        }
+        f.sync_all().unwrap();
+        let size = f.metadata().unwrap().len();
+        assert_eq!(stat(&dir, "rbytes"), size, "after fsync {i}");
+        assert_eq!(stat(&v.path(""), "rbytes"), size, "the root, fsync {i}");
+    }
+    // fdatasync too: the size is what finds the data.
+    std::io::Write::write_all(&mut f, &[3u8; 10]).unwrap();
+    f.sync_data().unwrap();
+    assert_eq!(stat(&dir, "rbytes"), 73_011);
+    drop(f);
+    assert_stats_match_walks(&dir);
+}
+
 #[test]
 fn quotas_hold_through_a_mount_to_the_byte_and_show_in_statfs() {
     let mut v = TestVolume::new();

@@ -458,7 +458,8 @@ impl Fs {
         // just created paid two journal commits per fsync).
         let ino = h.ino.0;
         if !self.data.name_pending(ino) {
-            return Ok(contents()?);
+            contents()?;
+            return self.record_synced(&h);
         }
         let (contents, name) = std::thread::scope(|s| {
             let name = s.spawn(|| self.data.sync_name(ino));
@@ -470,7 +471,33 @@ impl Fs {
         });
         contents?;
         name?;
-        Ok(())
+        self.record_synced(&h)
+    }
+
+    /// The size (blocks, mtime) an `fsync` made durable, recorded as a
+    /// writer's close records it: in the batch the `fsync` then waits
+    /// for, so that what reads the record and not the backing file —
+    /// directory statistics, quotas, other mounts — sees it from then on.
+    fn record_synced(&self, h: &Handle) -> Result<()> {
+        if !h.writable {
+            return Ok(());
+        }
+        let _lease = self.store.lease()?;
+        let mut st = self.state.lock();
+        let meta = h.file.metadata()?;
+        // Gone through another mount: the contents are durable, nothing
+        // names them any more.
+        let Ok(mut inode) = self.inode(&mut st, h.ino.0) else {
+            return Ok(());
+        };
+        let was = inode.clone();
+        self.reconcile_with(&mut inode, &meta)?;
+        if inode == was {
+            return Ok(());
+        }
+        let mut w = Vec::new();
+        self.put_inode(&mut st, &mut w, h.ino.0, inode);
+        self.commit(&mut st, w)
     }
 
     /// `fallocate`; mode 0 (allocate, extending size) and the keep-size,
