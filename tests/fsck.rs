@@ -337,3 +337,72 @@ fn statistics_are_added_to_a_volume_formatted_before_them() {
     fs.close().unwrap();
     assert_eq!(fsck(&vol, false).0, 0);
 }
+
+/// Sessions' counters records (`R`): a share that does not add up, one
+/// that does not read, and a block beyond the next inode number are each
+/// found and repaired; a share that adds up (a crashed session's, not yet
+/// folded) is not damage.
+#[test]
+fn sessions_counters_records() {
+    use safs::format::superblock::{Counters, SessionCounters};
+    let counters =
+        |s: &LmdbStore| Counters::decode(&s.get(keys::COUNTERS).unwrap().unwrap()).unwrap();
+    let (_t, vol, _) = populated();
+    // Moved from `N` into session 7's share: the same count.
+    damage(&vol, |s| {
+        let mut n = counters(s);
+        n.inodes -= 2;
+        let share = SessionCounters {
+            start: n.next_ino - 1,
+            end: n.next_ino,
+            inodes: 2,
+        };
+        s.commit(&[
+            (keys::COUNTERS.to_vec(), Some(n.encode())),
+            (keys::session(7).to_vec(), Some(share.encode(7))),
+        ])
+        .unwrap();
+    });
+    let (code, out) = fsck(&vol, false);
+    assert_eq!(code, 0, "{out}");
+    // A share one too many.
+    damage(&vol, |s| {
+        let k = keys::session(7);
+        let mut share = SessionCounters::decode(&k, &s.get(&k).unwrap().unwrap()).unwrap();
+        share.inodes += 1;
+        s.commit(&[(k.to_vec(), Some(share.encode(7)))]).unwrap();
+    });
+    assert_found_repaired_clean(&vol, "inode count");
+    damage(&vol, |s| {
+        assert!(
+            s.get(&keys::session(7)).unwrap().is_none(),
+            "repair folds the shares into N"
+        );
+    });
+    // A record that does not read.
+    damage(&vol, |s| {
+        let mut rec = SessionCounters::default().encode(3);
+        rec[4] ^= 1;
+        s.commit(&[(keys::session(3).to_vec(), Some(rec))]).unwrap();
+    });
+    assert_found_repaired_clean(&vol, "session counters record");
+    // A block past the next inode number: numbers in it could be handed
+    // out again.
+    let next = std::cell::Cell::new(0);
+    damage(&vol, |s| {
+        next.set(counters(s).next_ino);
+        let next = next.get();
+        let share = SessionCounters {
+            start: next,
+            end: next + 1024,
+            inodes: 0,
+        };
+        s.commit(&[(keys::session(4).to_vec(), Some(share.encode(4)))])
+            .unwrap();
+    });
+    assert_found_repaired_clean(&vol, "inside a session's block");
+    damage(&vol, |s| {
+        let n = counters(s);
+        assert_eq!(n.next_ino, next.get() + 1024, "past the block");
+    });
+}

@@ -741,6 +741,85 @@ fn a_killed_daemon_leaves_the_other_serving_and_what_it_held_is_reclaimed() {
     assert!(out.stdout.contains("clean"), "{}", out.stdout);
 }
 
+/// Each daemon takes inode numbers from a block of its own (no write of
+/// the volume's counters per create, so creates on two mounts do not
+/// rewrite one record): numbers never collide, both mounts count the same
+/// inodes in use, and when one daemon is killed the survivor folds its
+/// share of the count into the volume's, with nothing counted twice.
+#[test]
+fn inode_numbers_come_from_each_mounts_block_and_both_count_the_same() {
+    let mut t = two_mounts();
+    let vol = t.v.vol().to_path_buf();
+    let used = |m: &Mount| {
+        let s = nix::sys::statvfs::statvfs(&m.mnt).unwrap();
+        s.files() - s.files_free()
+    };
+    let base = used(&t.a);
+    let mut inos = std::collections::BTreeSet::new();
+    for i in 0..40 {
+        for (m, tag) in [(&t.a, "a"), (&t.b, "b")] {
+            let p = m.path(format!("{tag}{i}"));
+            write_file(&p, tag.as_bytes());
+            assert!(
+                inos.insert(std::fs::metadata(&p).unwrap().ino()),
+                "{} reused an inode number",
+                p.display()
+            );
+        }
+    }
+    let (first_a, first_b) = (
+        std::fs::metadata(t.a.path("a0")).unwrap().ino(),
+        std::fs::metadata(t.b.path("b0")).unwrap().ino(),
+    );
+    assert!(
+        first_a.abs_diff(first_b) >= 40,
+        "the mounts took numbers from one run ({first_a}, {first_b})"
+    );
+    for m in [&t.a, &t.b] {
+        assert!(
+            wait_until(VISIBLE, || used(m) == base + 80),
+            "{}: {} inodes in use, not {}",
+            m.mnt.display(),
+            used(m),
+            base + 80
+        );
+    }
+    // A's files removed through B: A's share goes up, B's down.
+    for i in 0..10 {
+        std::fs::remove_file(t.b.path(format!("a{i}"))).unwrap();
+    }
+    assert!(wait_until(VISIBLE, || used(&t.a) == base + 70));
+    let pid = t.a.pid();
+    run_cmd(Command::new(env!("CARGO_BIN_EXE_safs")).args(["sync", t.a.mnt.to_str().unwrap()]))
+        .assert_success("safs sync");
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+    let _ = run_cmd(Command::new("umount").arg("-l").arg(&t.a.mnt));
+    t.a.mounted = false;
+    assert!(wait_until(Duration::from_secs(10), || !process_alive(pid)));
+    // B buries A's session and takes its share into the volume's count.
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            !safs(["info", vol.to_str().unwrap()])
+                .stdout
+                .contains("(gone")
+        }),
+        "the killed daemon's session is not reclaimed"
+    );
+    assert_eq!(used(&t.b), base + 70);
+    write_file(&t.b.path("after"), b"b");
+    assert!(inos.insert(std::fs::metadata(t.b.path("after")).unwrap().ino()));
+    assert_eq!(used(&t.b), base + 71);
+    t.a = Mount::new(&vol, &t.a.mnt.clone());
+    write_file(&t.a.path("again"), b"a");
+    assert!(
+        inos.insert(std::fs::metadata(t.a.path("again")).unwrap().ino()),
+        "a number of the killed daemon's block was used again"
+    );
+    assert!(wait_until(VISIBLE, || used(&t.a) == base + 72
+        && used(&t.b) == base + 72));
+    t.unmount_and_fsck();
+}
+
 /// Both daemons killed, one holding a file unlinked while open: `safs
 /// fsck` before any remount lists what recovery will do and exits 0, and
 /// the volume mounts with everything synced.

@@ -280,10 +280,11 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         }
     } else {
         let counters = volume::read_counters(store.as_ref())?;
+        let inodes = volume::inodes_in_use(store.as_ref())?;
         println!("encryption:     none");
         println!(
-            "inodes:         {} (next inode number {})",
-            counters.inodes, counters.next_ino
+            "inodes:         {inodes} (next inode number {})",
+            counters.next_ino
         );
     }
     println!("metadata size:  {} bytes", store.disk_bytes());

@@ -56,7 +56,7 @@ pub use store::{Health, LeaseFigures, Started};
 
 use crate::format::inode::Inode;
 use crate::format::keys;
-use crate::format::superblock::{MountState, Superblock};
+use crate::format::superblock::{MountState, SessionCounters, Superblock};
 use crate::meta::{MetaStore, Write};
 use crypto::{Keyspace, SealedStore};
 use state::{Cached, State};
@@ -395,10 +395,20 @@ impl Fs {
             r.start_stager(Arc::clone(&fs.store), fs.layout.data());
         }
         if !fs.opts.read_only {
-            fs.sb.features |= crate::format::superblock::FEATURE_SPILL_PAGES;
+            fs.sb.features |= crate::format::superblock::FEATURE_SPILL_PAGES
+                | crate::format::superblock::FEATURE_SESSION_COUNTERS;
         }
-        if !fs.opts.read_only && !fs.store.is_shared() {
-            fs.data.start_pool(fs.state.lock().next_ino());
+        if !fs.opts.read_only {
+            // On a shared volume only within this session's block: the
+            // numbers after it may be another session's.
+            let st = fs.state.lock();
+            let block = if fs.store.is_shared() {
+                st.own_block()
+            } else {
+                st.next_ino()..u64::MAX
+            };
+            drop(st);
+            fs.data.start_pool(block);
         }
         Ok(fs)
     }
@@ -457,6 +467,7 @@ impl Fs {
             // Clean only if no other daemon still serves the volume.
             match self.store.lease() {
                 Ok(_lease) => {
+                    self.fold_own_session();
                     if self.alone() && uploaded {
                         self.set_mount_state(true);
                     }
@@ -494,11 +505,22 @@ impl Fs {
             }
             None => None,
         };
+        self.load_sessions(&mut self.state.lock())?;
+        if !self.opts.read_only && !self.sb.has_session_counters() {
+            // Inode numbers in blocks, counts per session: builds that
+            // would take `N` alone for them must refuse the volume.
+            let mut sb = self.sb.clone();
+            sb.features |= crate::format::superblock::FEATURE_SESSION_COUNTERS;
+            self.store
+                .apply(vec![(keys::SUPERBLOCK.to_vec(), Some(sb.encode()))]);
+            tracing::info!("volume upgraded: inode numbers are reserved in blocks");
+        }
         if !self.opts.read_only && !self.sb.has_spill_pages() {
             // This build may write spill pages past page 0: builds that
             // would not read them must refuse the volume from now on.
             let mut sb = self.sb.clone();
-            sb.features |= crate::format::superblock::FEATURE_SPILL_PAGES;
+            sb.features |= crate::format::superblock::FEATURE_SPILL_PAGES
+                | crate::format::superblock::FEATURE_SESSION_COUNTERS;
             self.store
                 .apply(vec![(keys::SUPERBLOCK.to_vec(), Some(sb.encode()))]);
             tracing::info!("volume upgraded: the spill tier may now be paged");
@@ -543,8 +565,25 @@ impl Fs {
             tracing::warn!(
                 "volume was not unmounted cleanly: reconciling file sizes with backing files"
             );
-            let (fixed, stray) = self.reconcile_all(&mut st, since_ns)?;
+            // Live sessions' pools make files ahead in their blocks.
+            let shielded: Vec<std::ops::Range<u64>> = match &plan {
+                Some(plan) => st
+                    .other_sessions()
+                    .iter()
+                    .filter(|(id, _)| plan.live.contains(id))
+                    .map(|(_, s)| s.start..s.end)
+                    .chain(std::iter::once(st.own_block()))
+                    .collect(),
+                None => Vec::new(),
+            };
+            let (fixed, stray) = self.reconcile_all(&mut st, since_ns, &shielded)?;
             tracing::info!(fixed, stray, "recovery done");
+        }
+        if !self.opts.read_only {
+            match &plan {
+                Some(plan) => self.fold_sessions(&mut st, |id| !plan.live.contains(&id)),
+                None => self.fold_sessions(&mut st, |_| true),
+            }
         }
         drop(st);
         if let Some(plan) = &plan {
@@ -630,8 +669,15 @@ impl Fs {
     /// Sizes from backing files for every regular file (on encrypted
     /// volumes, after finishing a truncate cut short in any backing file
     /// changed since the unclean mount began, `since_ns`); stray backing
-    /// files removed. Returns (inodes fixed, backing files removed).
-    fn reconcile_all(&self, st: &mut State, since_ns: i64) -> Result<(u64, u64)> {
+    /// files removed, but for those numbered in `shielded` (blocks of live
+    /// sessions, whose pools make files ahead). Returns (inodes fixed,
+    /// backing files removed).
+    fn reconcile_all(
+        &self,
+        st: &mut State,
+        since_ns: i64,
+        shielded: &[std::ops::Range<u64>],
+    ) -> Result<(u64, u64)> {
         let mut fixed = 0;
         let (mut start, end) = keys::prefix_range(keys::P_INODE);
         loop {
@@ -677,6 +723,9 @@ impl Fs {
         for (i, dir) in self.layout.backing_dirs() {
             for e in std::fs::read_dir(&dir)?.flatten() {
                 let owner = volume::backing_ino(&e.file_name(), i);
+                if owner.is_some_and(|o| shielded.iter().any(|r| r.contains(&o))) {
+                    continue;
+                }
                 let live = match owner {
                     Some(ino) => self.load_opt(st, ino)?.is_some_and(|c| c.inode.is_reg()),
                     None => false,
@@ -734,8 +783,77 @@ impl Fs {
         }
     }
 
-    fn put_counters(&self, st: &State, w: &mut Vec<Write>) {
-        w.push((keys::COUNTERS.to_vec(), Some(st.counters().encode())));
+    /// The counters records a change that took or freed inode numbers
+    /// moved: this session's, and `N` when it reserved a block (whose
+    /// numbers the pool may then make files for).
+    fn put_counters(&self, st: &mut State, w: &mut Vec<Write>) {
+        let (own, n, block) = st.counters_due();
+        if let Some(own) = own {
+            let id = st.session_id();
+            w.push((keys::session(id).to_vec(), Some(own.encode(id))));
+        }
+        if let Some(n) = n {
+            w.push((keys::COUNTERS.to_vec(), Some(n.encode())));
+        }
+        // One daemon: its blocks follow one another, and its pool runs on.
+        if let Some(block) = block.filter(|_| self.is_shared()) {
+            self.data.pool_block(block);
+        }
+    }
+
+    /// Loads every session's counters record (at mount, under the
+    /// lease): this daemon's own, if one was left, goes on; the others
+    /// are counted (and on a shared volume, their blocks are theirs).
+    fn load_sessions(&self, st: &mut State) -> Result<()> {
+        let mut found = std::collections::BTreeMap::new();
+        self.scan_pairs(keys::P_SESSION, |k, v| {
+            let malformed = crate::format::FormatError::Malformed("session key");
+            let id = keys::key_ino(k)
+                .filter(|_| k.len() == 9)
+                .ok_or_else(|| CoreError::corrupt(k, malformed))?;
+            let rec = SessionCounters::decode(k, v).map_err(|e| CoreError::corrupt(k, e))?;
+            found.insert(id, rec);
+            Ok(())
+        })?;
+        let id = self.session_id();
+        st.begin_session(id, found.remove(&id));
+        for (other, rec) in found {
+            st.set_other_session(other, Some(rec));
+        }
+        Ok(())
+    }
+
+    /// Folds into `N` the shares of the sessions `gone` says are over
+    /// (every other one on a volume one daemon serves; dead ones on a
+    /// shared volume): under the lease.
+    fn fold_sessions(&self, st: &mut State, gone: impl Fn(u64) -> bool) {
+        let ids: Vec<u64> = st
+            .other_sessions()
+            .keys()
+            .copied()
+            .filter(|&id| gone(id))
+            .collect();
+        for id in ids {
+            if let Some(n) = st.fold_session(id) {
+                self.store.apply(vec![
+                    (keys::session(id).to_vec(), None),
+                    (keys::COUNTERS.to_vec(), Some(n.encode())),
+                ]);
+            }
+        }
+    }
+
+    /// At a clean end: this session's share folded into `N`, and the rest
+    /// of its block given back if no block was reserved after it.
+    fn fold_own_session(&self) {
+        let mut st = self.state.lock();
+        let id = st.session_id();
+        if let Some(n) = st.fold_session(id) {
+            self.store.apply(vec![
+                (keys::session(id).to_vec(), None),
+                (keys::COUNTERS.to_vec(), Some(n.encode())),
+            ]);
+        }
     }
 
     /// Hands one operation's writes to the store (and waits on `sync` mounts).

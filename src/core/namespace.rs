@@ -704,7 +704,7 @@ impl Fs {
         };
         let taken = st.take_ino();
         debug_assert_eq!(taken, ino, "inode numbers are taken under the lock");
-        self.put_counters(&st, &mut work.writes);
+        self.put_counters(&mut st, &mut work.writes);
         if let Err(e) = self.w_finish(&mut st, work) {
             // Refused before anything was applied (a quota the check above
             // could not see yet): the backing file taken goes, unnamed.
@@ -1131,7 +1131,7 @@ impl Fs {
                 Err(CoreError::NotFound) => None,
                 Err(e) => return Err(e),
             };
-            (st.counters().inodes, quota)
+            (st.inodes_in_use(), quota)
         };
         let bsize = vfs.fragment_size().max(512);
         let bavail = vfs.blocks_available();

@@ -15,7 +15,7 @@ use std::sync::{Arc, Weak};
 use super::error::{CoreError, Result};
 use super::state::State;
 use super::{Fs, keys};
-use crate::format::superblock::Counters;
+use crate::format::superblock::{Counters, SessionCounters};
 use crate::meta::Changes;
 
 /// How often a daemon looks for daemons of its volume that died.
@@ -54,7 +54,12 @@ impl Fs {
                 fs.apply_changes(ch);
             }
         }));
-        self.state.lock().cache_clear();
+        {
+            let mut st = self.state.lock();
+            st.cache_clear();
+            self.reload_counters(&mut st);
+            self.reload_sessions(&mut st);
+        }
         let weak: Weak<Fs> = Arc::downgrade(self);
         shared.watch(Box::new(move |epoch| {
             if let Some(fs) = weak.upgrade() {
@@ -92,6 +97,7 @@ impl Fs {
                 st.cache_clear();
                 self.forget_contents(None);
                 self.reload_counters(&mut st);
+                self.reload_sessions(&mut st);
             }
             Some(changed) => {
                 for k in changed {
@@ -143,6 +149,8 @@ impl Fs {
                 }
             }
             keys::P_DIRINDEX => st.dirs().forget(ino),
+            // Another session's counters (`ino` is its id).
+            keys::P_SESSION => self.reload_session(st, ino),
             _ => {}
         }
     }
@@ -161,6 +169,38 @@ impl Fs {
             None => {
                 tracing::error!("cannot reload the volume's counters after another mount's change")
             }
+        }
+    }
+
+    /// Session `id`'s counters record as the store holds it now (gone:
+    /// folded into `N` by whoever recovered after it).
+    fn reload_session(&self, st: &mut State, id: u64) {
+        let key = keys::session(id);
+        match self.store.get(&key) {
+            Ok(rec) => match rec.map(|r| SessionCounters::decode(&key, &r)).transpose() {
+                Ok(rec) => st.set_other_session(id, rec),
+                Err(e) => {
+                    tracing::error!(session = id, error = %e, "another session's counters record is corrupt")
+                }
+            },
+            Err(e) => {
+                tracing::error!(session = id, error = %e, "cannot reload another session's counters")
+            }
+        }
+    }
+
+    /// Every other session's counters record as the store holds it now.
+    fn reload_sessions(&self, st: &mut State) {
+        let mut ids: Vec<u64> = st.other_sessions().keys().copied().collect();
+        let (start, end) = keys::prefix_range(keys::P_SESSION);
+        match self.store.scan(&start, &end, usize::MAX) {
+            Ok(pairs) => ids.extend(pairs.iter().filter_map(|(k, _)| keys::key_ino(k))),
+            Err(e) => tracing::error!(error = %e, "cannot reload other sessions' counters"),
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        for id in ids {
+            self.reload_session(st, id);
         }
     }
 

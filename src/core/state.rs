@@ -19,7 +19,7 @@ use lru::LruCache;
 use super::dircache::DirCache;
 use crate::format::inode::Inode;
 use crate::format::spill::Spill;
-use crate::format::superblock::Counters;
+use crate::format::superblock::{Counters, SessionCounters};
 
 /// A decoded inode and, once read, its spill tier.
 pub(super) struct Cached {
@@ -58,6 +58,26 @@ pub(super) struct Closed {
     pub last: bool,
 }
 
+/// Inode numbers a session reserves at a time (one write of `N` each):
+/// after a crash the rest of a block is skipped, so at most this many
+/// numbers are lost per unclean stop — of 2^64.
+pub const INO_BLOCK: u64 = 1024;
+
+/// This daemon's share of the counters: its counters record and the
+/// next number of its block, which is in memory only.
+#[derive(Default)]
+struct Session {
+    id: u64,
+    own: SessionCounters,
+    /// The next number to take, in `[own.start, own.end)` (or `own.end`:
+    /// none left).
+    next: u64,
+    /// A block was reserved since the last write: `N` is due.
+    reserved: bool,
+    /// `own` changed since the last write.
+    dirty: bool,
+}
+
 pub(super) struct State {
     /// Invariant: an entry is never older than the store's view of its key.
     /// Bounded by entries (its capacity) and by `cache_budget` bytes; every
@@ -66,10 +86,16 @@ pub(super) struct State {
     cache: LruCache<u64, Cached>,
     cache_bytes: usize,
     cache_budget: usize,
-    /// Invariant: `next_ino` is above every inode number ever used (inode
+    /// `N` as the store holds it. Invariant: `next_ino` is above every
+    /// inode number ever handed out, and every session's block (inode
     /// numbers are never reused, which is why every inode's generation can
-    /// stay 1), and `inodes` counts the live ones.
+    /// stay 1); `inodes` plus every session's share counts the live ones.
     counters: Counters,
+    /// This daemon's share of the counters (see [`Session`]).
+    session: Session,
+    /// Other sessions' counters records, as last read (shared volumes):
+    /// their shares of the count, and the blocks their pools work in.
+    others: std::collections::BTreeMap<u64, SessionCounters>,
     /// The kernel's lookup count per inode (FUSE nlookup); no zero entries.
     lookups: HashMap<u64, u64>,
     open: HashMap<u64, OpenInode>,
@@ -116,6 +142,8 @@ impl State {
             cache_bytes: 0,
             cache_budget,
             counters,
+            session: Session::default(),
+            others: Default::default(),
             lookups: HashMap::new(),
             open: HashMap::new(),
             broken: 0,
@@ -388,10 +416,6 @@ impl State {
 
     // ---- counters -----------------------------------------------------------
 
-    pub fn counters(&self) -> &Counters {
-        &self.counters
-    }
-
     /// The counters as the store holds them (another daemon changed them).
     pub fn set_counters(&mut self, c: Counters) {
         self.counters = c;
@@ -402,22 +426,133 @@ impl State {
         &mut self.atimes_due
     }
 
-    /// The inode number the next new inode gets (not yet taken).
+    /// The inode number the next new inode gets (not yet taken): the next
+    /// of this session's block, or the first of the block it will reserve.
     pub fn next_ino(&self) -> u64 {
-        self.counters.next_ino
+        let s = &self.session;
+        if s.next < s.own.end {
+            s.next
+        } else {
+            self.counters.next_ino
+        }
     }
 
-    /// Takes [`State::next_ino`] for a new inode.
+    /// Takes [`State::next_ino`] for a new inode, reserving a new block
+    /// first when this session's is used up.
     pub fn take_ino(&mut self) -> u64 {
-        let ino = self.counters.next_ino;
-        self.counters.next_ino += 1;
-        self.counters.inodes += 1;
+        if self.session.next >= self.session.own.end {
+            let start = self.counters.next_ino;
+            let end = start.saturating_add(INO_BLOCK);
+            self.counters.next_ino = end;
+            self.session.own.start = start;
+            self.session.own.end = end;
+            self.session.next = start;
+            self.session.reserved = true;
+        }
+        let ino = self.session.next;
+        self.session.next += 1;
+        self.session.own.inodes += 1;
+        self.session.dirty = true;
         ino
     }
 
     /// One live inode fewer.
-    pub fn inode_freed(&mut self, ino: u64) {
-        self.counters.inodes = self.sub("live inodes", ino, self.counters.inodes, 1);
+    pub fn inode_freed(&mut self, _ino: u64) {
+        self.session.own.inodes -= 1;
+        self.session.dirty = true;
+    }
+
+    /// The inodes in use: `N`'s count and every session's share.
+    pub fn inodes_in_use(&self) -> u64 {
+        let shares: i64 =
+            self.session.own.inodes + self.others.values().map(|o| o.inodes).sum::<i64>();
+        self.counters.inodes.saturating_add_signed(shares)
+    }
+
+    /// Starts this daemon's session `id` from its counters record, if one
+    /// is left (a crash, or an id used again): its share of the count
+    /// goes on; its block does not (numbers in it may be taken).
+    pub fn begin_session(&mut self, id: u64, left: Option<SessionCounters>) {
+        self.session = Session {
+            id,
+            own: SessionCounters {
+                inodes: left.map_or(0, |l| l.inodes),
+                ..Default::default()
+            },
+            next: 0,
+            reserved: false,
+            dirty: left.is_some(),
+        };
+    }
+
+    pub fn session_id(&self) -> u64 {
+        self.session.id
+    }
+
+    /// This session's block of inode numbers, `[next, end)` still to take.
+    pub fn own_block(&self) -> std::ops::Range<u64> {
+        self.session.next..self.session.own.end
+    }
+
+    /// The records a change that took or freed inode numbers writes:
+    /// this session's counters record and, after a new block was
+    /// reserved, `N` (which then says the block it begins at).
+    pub fn counters_due(
+        &mut self,
+    ) -> (
+        Option<SessionCounters>,
+        Option<Counters>,
+        Option<std::ops::Range<u64>>,
+    ) {
+        let s = &mut self.session;
+        let own = std::mem::take(&mut s.dirty).then_some(s.own);
+        let reserved = std::mem::take(&mut s.reserved);
+        let n = reserved.then_some(self.counters);
+        let block = reserved.then_some(s.own.start..s.own.end);
+        (own, n, block)
+    }
+
+    /// Folds a session's share into `N` (its clean end, or a recovery
+    /// after it): the record goes, `N` is written. For this session, it
+    /// also gives back what is left of its block when no block was
+    /// reserved after it.
+    pub fn fold_session(&mut self, id: u64) -> Option<Counters> {
+        if id == self.session.id {
+            let s = &mut self.session;
+            let folded = s.own.inodes;
+            if s.next < s.own.end && self.counters.next_ino == s.own.end {
+                self.counters.next_ino = s.next;
+            }
+            s.own = SessionCounters::default();
+            s.next = 0;
+            s.dirty = false;
+            s.reserved = false;
+            self.counters.inodes = self.counters.inodes.saturating_add_signed(folded);
+            return Some(self.counters);
+        }
+        let other = self.others.remove(&id)?;
+        self.counters.inodes = self.counters.inodes.saturating_add_signed(other.inodes);
+        Some(self.counters)
+    }
+
+    /// Another session's counters record as the store holds it now.
+    pub fn set_other_session(&mut self, id: u64, rec: Option<SessionCounters>) {
+        if id == self.session.id {
+            return;
+        }
+        match rec {
+            Some(r) => {
+                self.others.insert(id, r);
+            }
+            None => {
+                self.others.remove(&id);
+            }
+        }
+    }
+
+    /// Other sessions' counters records, as last read.
+    pub fn other_sessions(&self) -> &std::collections::BTreeMap<u64, SessionCounters> {
+        &self.others
     }
 
     // ---- the kernel's references ------------------------------------------

@@ -26,6 +26,7 @@ pub enum Kind {
     MountState = 10,
     BlockRef = 11,
     DataStore = 12,
+    Session = 13,
 }
 
 /// Current payload version of every kind but those [`newest`] names.

@@ -4,6 +4,7 @@
 //! |-----------------------------------|---------------------|----------------------------------------|
 //! | `V`                               | Superblock          | uuid, format version, inline budget    |
 //! | `N`                               | Counters            | next inode number, inodes in use       |
+//! | `R` session:u64                   | Session             | one daemon's block of inode numbers and the inodes it made or freed since its count was last folded into `N` (see `format::superblock`) |
 //! | `I` ino:u64                       | Inode               | attributes + inline SA xattr area      |
 //! | `S` ino:u64 [page:u8]             | Spill               | packed xattrs that missed the inline area, in pages (page 0 without the byte; ≤ 64 KiB in all, see `format::spill`) |
 //! | `X` ino:u64 name                  | Overflow            | one xattr value that fits neither      |
@@ -41,6 +42,7 @@ pub const P_ORPHAN: u8 = b'O';
 pub const P_WRITING: u8 = b'W';
 pub const P_BLOCK: u8 = b'B';
 pub const P_DOOMED: u8 = b'Q';
+pub const P_SESSION: u8 = b'R';
 
 /// `prefix ‖ ino`.
 pub fn ino_key(prefix: u8, ino: u64) -> [u8; 9] {
@@ -79,6 +81,11 @@ pub fn spill_page_of(key: &[u8]) -> Option<usize> {
 
 pub fn symlink(ino: u64) -> [u8; 9] {
     ino_key(P_SYMLINK, ino)
+}
+
+/// The counters of session `id` (0 on volumes one daemon serves).
+pub fn session(id: u64) -> [u8; 9] {
+    ino_key(P_SESSION, id)
 }
 
 pub fn orphan(ino: u64) -> [u8; 9] {

@@ -10,6 +10,7 @@
 //! created_ns   i64 format time, ns since the epoch
 //! ```
 //! Counters payload: `next_ino:u64 inodes:u64`.
+//! Session counters payload (`R` session): `start:u64 end:u64 inodes:i64`.
 //! Mount state payload: `clean:u8 pid:u32 since_ns:i64`.
 
 use super::FormatError;
@@ -41,6 +42,11 @@ pub const FEATURE_DIR_STATS: u64 = 16;
 /// of a ctime or of a file's blocks: a build that does not know would
 /// leave them behind, and read their section as damage.
 pub const FEATURE_DIR_STATS_FULL: u64 = 32;
+/// Inode numbers are reserved in blocks and the inodes in use counted per
+/// session (`SessionCounters`): a build that does not know would take
+/// `N` alone for the count and hand out numbers a session reserved. Set
+/// at format, and on an older volume at its first writable mount.
+pub const FEATURE_SESSION_COUNTERS: u64 = 64;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
@@ -54,6 +60,10 @@ pub struct Superblock {
 impl Superblock {
     pub fn is_encrypted(&self) -> bool {
         self.features & FEATURE_ENCRYPTED != 0
+    }
+
+    pub fn has_session_counters(&self) -> bool {
+        self.features & FEATURE_SESSION_COUNTERS != 0
     }
 
     pub fn has_spill_pages(&self) -> bool {
@@ -131,6 +141,48 @@ impl Counters {
     }
 }
 
+/// One session's share of the counters, written only by that session (a
+/// daemon; session 0 on volumes one daemon serves), so that creates on
+/// different mounts do not all rewrite `N`:
+/// - inode numbers `[start, end)` are its block, reserved by moving
+///   `N.next_ino` past it: it takes them one by one with no write of `N`
+///   (the next one is in memory only; after a crash the rest of the block
+///   is skipped, never reused);
+/// - `inodes` is what it created minus what it freed since its count was
+///   last folded into `N.inodes` (at its clean end, or by whoever
+///   recovers after it). The inodes in use are `N.inodes` plus every
+///   session's `inodes`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SessionCounters {
+    pub start: u64,
+    pub end: u64,
+    pub inodes: i64,
+}
+
+impl SessionCounters {
+    pub fn encode(&self, id: u64) -> Vec<u8> {
+        let mut p = [0u8; 24];
+        p[..8].copy_from_slice(&self.start.to_be_bytes());
+        p[8..16].copy_from_slice(&self.end.to_be_bytes());
+        p[16..].copy_from_slice(&self.inodes.to_be_bytes());
+        seal(&keys::session(id), Kind::Session, &p)
+    }
+
+    pub fn decode(key: &[u8], record: &[u8]) -> Result<Self, FormatError> {
+        let mut r = Reader::new(open(key, Kind::Session, record)?);
+        let c = SessionCounters {
+            start: r.u64()?,
+            end: r.u64()?,
+            inodes: r.i64()?,
+        };
+        r.finish()?;
+        if c.start > c.end {
+            return Err(FormatError::Malformed("inode block ends before it starts"));
+        }
+        Ok(c)
+    }
+}
+
 /// Whether the volume was unmounted cleanly, written at mount (`clean =
 /// false`) and as the last change of a clean unmount.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,6 +232,21 @@ mod tests {
             inodes: 3,
         };
         assert_eq!(Counters::decode(&c.encode()).unwrap(), c);
+        let s = SessionCounters {
+            start: 1024,
+            end: 2048,
+            inodes: -3,
+        };
+        let k = keys::session(5);
+        assert_eq!(SessionCounters::decode(&k, &s.encode(5)).unwrap(), s);
+        // Bound to its session's key.
+        assert!(SessionCounters::decode(&keys::session(6), &s.encode(5)).is_err());
+        let bad = SessionCounters {
+            start: 9,
+            end: 8,
+            inodes: 0,
+        };
+        assert!(SessionCounters::decode(&k, &bad.encode(5)).is_err());
         let m = MountState {
             clean: false,
             pid: 77,

@@ -59,7 +59,7 @@ use crate::format::dirent::{Dirent, IndexEntry, decode_marker, decode_symlink};
 use crate::format::envelope::{Kind, open};
 use crate::format::inode::{Inode, S_IFDIR, S_IFMT, Timestamp};
 use crate::format::keys;
-use crate::format::superblock::Counters;
+use crate::format::superblock::{Counters, SessionCounters};
 use crate::format::xattrs::XattrSet;
 use crate::meta::{MetaError, MetaStore, Write};
 
@@ -240,6 +240,9 @@ struct Checker<'a> {
     /// Inodes unlinked while open, freed (with `repair`) or left to the
     /// next mount: the counters still count them.
     orphans: u64,
+    /// A session's counters record did not read: the counters are
+    /// rewritten whole.
+    sessions_corrupt: bool,
     /// The volume was not unmounted cleanly: stale sizes and stray backing
     /// files are expected (the next mount reconciles them), not errors.
     unclean: bool,
@@ -496,6 +499,7 @@ fn check_store(
         writes: Vec::new(),
         lost_found: None,
         orphans: 0,
+        sessions_corrupt: false,
         unclean: false,
         remote: sb.has_object_store(),
         objects,

@@ -17,7 +17,8 @@ use crate::format::{NAME_MAX, XATTR_NAME_MAX};
 enum Shape {
     /// The superblock and the key record: in the clear, read on the way in.
     Clear,
-    /// A record of the whole volume (counters, mount state).
+    /// A record of the whole volume (counters, sessions' counters, mount
+    /// state).
     Volume,
     /// Inode `ino`'s own record.
     Inode(u64),
@@ -42,6 +43,7 @@ fn shape(key: &[u8]) -> Shape {
         Some(keys::P_DIRINDEX) if key.len() == 17 => Shape::Of(ino),
         Some(keys::P_BLOCK) if key.len() == 13 => Shape::Of(ino),
         Some(keys::P_DOOMED) if key.len() == 21 => Shape::Volume,
+        Some(keys::P_SESSION) if key.len() == 9 => Shape::Volume,
         Some(keys::P_DIRENT) if named(NAME_MAX) => Shape::Of(ino),
         Some(keys::P_OVERFLOW) if named(XATTR_NAME_MAX) => Shape::Of(ino),
         _ => Shape::Malformed,

@@ -223,10 +223,27 @@ impl Checker<'_> {
         volume::read_counters(self.store).map_or(0, |c| c.next_ino)
     }
 
+    /// Every session's counters record; unreadable ones are a finding
+    /// (repaired with the counters: see [`Checker::counters`]).
+    pub(super) fn sessions(&mut self) -> BTreeMap<u64, SessionCounters> {
+        match volume::read_sessions(self.store) {
+            Ok(s) => s,
+            Err(e) => {
+                self.find(format!("{e}"), true);
+                self.sessions_corrupt = true;
+                BTreeMap::new()
+            }
+        }
+    }
+
     pub(super) fn sweep_backing(&mut self) -> Result<()> {
         // The pool makes backing files ahead for the next inode numbers: a
         // crash leaves them, one line says so.
         let ahead_from = self.next_ino_floor();
+        // And within the blocks sessions reserved (made by their pools).
+        let blocks: Vec<std::ops::Range<u64>> = volume::read_sessions(self.store)
+            .map(|s| s.values().map(|s| s.start..s.end).collect())
+            .unwrap_or_default();
         let mut ahead = 0u64;
         for (i, dir) in self.layout.backing_dirs() {
             let Ok(rd) = std::fs::read_dir(&dir) else {
@@ -242,7 +259,11 @@ impl Checker<'_> {
                     .and_then(|i| self.inodes.get(&i))
                     .is_some_and(|i| i.inode.is_reg());
                 if !owned {
-                    if self.unclean && ino.is_some_and(|i| i >= ahead_from) {
+                    if self.unclean
+                        && ino.is_some_and(|i| {
+                            i >= ahead_from || blocks.iter().any(|b| b.contains(&i))
+                        })
+                    {
                         ahead += 1;
                     } else if self.remote && ino.is_some_and(|i| !self.inodes.contains_key(&i)) {
                         // Only a node's cache: the copy of a file another
@@ -271,14 +292,21 @@ impl Checker<'_> {
         Ok(())
     }
 
+    /// `N` and the sessions' records against the inodes found: the count
+    /// is `N`'s plus every session's share, and `N.next_ino` lies above
+    /// every inode and every session's block. Repair writes `N` whole and
+    /// deletes the sessions' records (nothing serves the volume).
     pub(super) fn counters(&mut self) -> Result<()> {
         let found = volume::read_counters(self.store);
+        let sessions = self.sessions();
         let max = self.inodes.keys().next_back().copied().unwrap_or(ROOT_INO);
+        let blocks_end = sessions.values().map(|s| s.end).max().unwrap_or(0);
         let live = self.inodes.len() as u64;
         let fresh = Counters {
-            next_ino: max + 1,
+            next_ino: (max + 1).max(blocks_end),
             inodes: live,
         };
+        let mut rewrite = self.sessions_corrupt;
         match found {
             Ok(c) => {
                 if c.next_ino <= max {
@@ -286,41 +314,61 @@ impl Checker<'_> {
                         format!("next inode number {} is not above inode {max}", c.next_ino),
                         true,
                     );
-                    self.put(keys::COUNTERS, fresh.encode());
-                } else {
-                    // Orphans freed here were counted until now.
-                    let counted = live + self.orphans;
-                    if c.inodes != counted {
-                        self.find(
-                            format!("inode count {} should be {counted}", c.inodes),
-                            true,
-                        );
-                    }
-                    if c.inodes != live {
-                        self.put(
-                            keys::COUNTERS,
-                            Counters {
-                                next_ino: c.next_ino,
-                                inodes: live,
-                            }
-                            .encode(),
-                        );
-                    }
+                    rewrite = true;
+                } else if c.next_ino < blocks_end {
+                    self.find(
+                        format!(
+                            "next inode number {} is inside a session's block (up to {blocks_end})",
+                            c.next_ino
+                        ),
+                        true,
+                    );
+                    rewrite = true;
+                }
+                let shares: i64 = sessions.values().map(|s| s.inodes).sum();
+                let counted = c.inodes.saturating_add_signed(shares);
+                // Orphans freed here were counted until now.
+                let expected = live + self.orphans;
+                if counted != expected {
+                    self.find(format!("inode count {counted} should be {expected}"), true);
+                }
+                if counted != live {
+                    rewrite = true;
+                }
+                if rewrite {
+                    self.put(
+                        keys::COUNTERS,
+                        Counters {
+                            next_ino: c.next_ino.max(fresh.next_ino),
+                            inodes: live,
+                        }
+                        .encode(),
+                    );
                 }
             }
             Err(volume::VolumeError::CorruptCounters(e)) => {
                 self.find(format!("counters record unreadable ({e})"), true);
                 self.put(keys::COUNTERS, fresh.encode());
+                rewrite = true;
             }
             Err(volume::VolumeError::Meta(MetaError::Sealed(_))) => {
                 self.find(format!("counters record unreadable ({Unsealed})"), true);
                 self.put(keys::COUNTERS, fresh.encode());
+                rewrite = true;
             }
             Err(volume::VolumeError::NoCounters) => {
                 self.find("counters record missing".into(), true);
                 self.put(keys::COUNTERS, fresh.encode());
+                rewrite = true;
             }
             Err(e) => return Err(e.into()),
+        }
+        if rewrite {
+            // `N` now holds the whole count: the shares go.
+            let (start, end) = keys::prefix_range(keys::P_SESSION);
+            for (k, _) in self.raw.scan(&start, &end, usize::MAX)? {
+                self.delete(&k);
+            }
         }
         Ok(())
     }

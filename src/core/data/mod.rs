@@ -64,11 +64,11 @@ impl DataStore {
 
     /// Starts making backing files ahead of time for the inode numbers
     /// from `next` on. A pool that cannot start is only a slower create.
-    pub fn start_pool(&self, next: u64) {
+    pub fn start_pool(&self, block: std::ops::Range<u64>) {
         let root = self.root.clone();
         let path: pool::PathOf = Arc::new(move |ino| backing_path(&root, ino));
         let p = Arc::clone(&path);
-        match pool::Pool::start(next, move |ino| make_backing(&p(ino)), path) {
+        match pool::Pool::start(block, move |ino| make_backing(&p(ino)), path) {
             Ok(pool) => {
                 let _ = self.pool.set(pool);
             }
@@ -98,6 +98,13 @@ impl DataStore {
 
     /// Removes the backing files made for numbers never taken (before a
     /// clean unmount is recorded).
+    /// The session reserved `block` of inode numbers (shared volumes).
+    pub fn pool_block(&self, block: std::ops::Range<u64>) {
+        if let Some(p) = self.pool.get() {
+            p.set_block(block);
+        }
+    }
+
     pub fn stop_pool(&self) {
         if let Some(p) = self.pool.get() {
             p.stop();

@@ -16,7 +16,10 @@
 //! after a crash they are stray backing files like any other, removed by
 //! the mount's recovery.
 //!
-//! Not used on shared volumes: another daemon may take the numbers.
+//! On a shared volume, only within the session's block of inode numbers
+//! (see `format::superblock::SessionCounters`): the numbers after it may
+//! be another daemon's, so the pool works up to the block's end and goes
+//! on at the next block once one is reserved.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -51,6 +54,8 @@ struct Inner {
     slots: BTreeMap<u64, Slot>,
     /// The lowest inode number not taken yet.
     next: u64,
+    /// Numbers from here on are not this session's (yet): none is made.
+    end: u64,
     /// Files whose numbers went to something that has no backing file,
     /// still open: the thread renames them to a wanted number (cheaper
     /// than a remove and a create: no inode freed and allocated) or, with
@@ -84,17 +89,18 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// Starts keeping files ready for inode numbers from `next` on, made
+    /// Starts keeping files ready for the inode numbers of `block`, made
     /// by `make` (the data store's create) at `path`.
     pub fn start(
-        next: u64,
+        block: std::ops::Range<u64>,
         make: impl Fn(u64) -> std::io::Result<File> + Send + 'static,
         path: PathOf,
     ) -> std::io::Result<Pool> {
         let shared = Arc::new(Shared {
             inner: Mutex::new(Inner {
                 slots: BTreeMap::new(),
-                next,
+                next: block.start,
+                end: block.end,
                 doomed: Vec::new(),
                 failed: false,
                 warned: false,
@@ -154,6 +160,22 @@ impl Pool {
             self.shared.wanted.notify_one();
         }
         file
+    }
+
+    /// The session reserved `block`: files are made for its numbers from
+    /// now on, and those ready for numbers before it go to them.
+    pub fn set_block(&self, block: std::ops::Range<u64>) {
+        let mut g = self.shared.inner.lock();
+        g.next = g.next.max(block.start);
+        g.end = block.end;
+        let below: Vec<u64> = g.slots.range(..g.next).map(|(&k, _)| k).collect();
+        for k in below {
+            if let Some(Slot::Ready(f)) = g.slots.remove(&k) {
+                g.doomed.push((k, f));
+            }
+        }
+        drop(g);
+        self.shared.wanted.notify_one();
     }
 
     /// Stops the thread and removes every file made for a number not
@@ -219,7 +241,7 @@ impl Shared {
             if g.stop {
                 return;
             }
-            let wanted = (g.next..g.next + DEPTH)
+            let wanted = (g.next..(g.next + DEPTH).min(g.end))
                 .find(|i| !g.slots.contains_key(i))
                 .filter(|_| !g.failed);
             if let Some((old, file)) = g.doomed.pop() {
@@ -302,7 +324,7 @@ mod tests {
         });
         let p2 = Arc::clone(&path);
         Pool::start(
-            next,
+            next..u64::MAX,
             move |ino| {
                 std::fs::OpenOptions::new()
                     .read(true)
@@ -413,6 +435,43 @@ mod tests {
         assert_eq!(files(dir.path()), kept);
     }
 
+    /// A shared volume's session: files only within its block, and at
+    /// the next block (elsewhere) the unused ones move there.
+    #[test]
+    fn works_within_the_block_and_moves_to_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        for i in 0..256 {
+            std::fs::create_dir_all(root.join(format!("{i:02x}"))).unwrap();
+        }
+        let path: PathOf = Arc::new(move |ino: u64| {
+            root.join(format!("{:02x}", ino & 0xff))
+                .join(format!("{ino:016x}"))
+        });
+        let p2 = Arc::clone(&path);
+        let p = Pool::start(10..20, move |ino| File::create_new(p2(ino)), path).unwrap();
+        settle(&p, 10);
+        assert_eq!(files(dir.path()), (10..20).collect::<Vec<_>>());
+        for ino in 10..13 {
+            assert!(p.take(ino, true).is_some());
+        }
+        // The block's last numbers go to the next block's first.
+        p.set_block(1000..1010);
+        let t = std::time::Instant::now();
+        let want: Vec<u64> = (10..13).chain(1000..1010).collect();
+        while files(dir.path()) != want {
+            assert!(t.elapsed().as_secs() < PATIENCE, "{:?}", files(dir.path()));
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        for ino in 1000..1010 {
+            assert!(p.take(ino, true).is_some(), "{ino} was ready");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(p.ready(), 0, "nothing past the block's end");
+        p.stop();
+        assert_eq!(files(dir.path()), want);
+    }
+
     #[test]
     fn a_make_that_failed_for_a_moment_is_tried_again_without_a_create() {
         let dir = tempfile::tempdir().unwrap();
@@ -421,7 +480,7 @@ mod tests {
         let (p2, tries) = (Arc::clone(&path), Arc::new(AtomicU64::new(0)));
         let t2 = Arc::clone(&tries);
         let p = Pool::start(
-            1,
+            1..u64::MAX,
             move |ino| {
                 if t2.fetch_add(1, Ordering::Relaxed) == 0 {
                     return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
@@ -442,7 +501,7 @@ mod tests {
         // No backing directories: every make fails.
         let r = dir.path().to_path_buf();
         let p = Pool::start(
-            1,
+            1..u64::MAX,
             move |ino| File::create_new(r.join("missing").join(ino.to_string())),
             Arc::new(|ino| PathBuf::from(format!("/nonexistent/{ino}"))),
         )

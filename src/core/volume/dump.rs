@@ -332,7 +332,8 @@ fn read_into(
             Some(keys::P_BLOCK) if k.len() >= 9 => {
                 blocks.push((line_no, keys::key_ino(&k).expect("9 bytes")));
             }
-            Some(p) if p != keys::P_DOOMED && k.len() >= 9 => {
+            // Sessions' counters are the volume's, keyed by session.
+            Some(p) if p != keys::P_DOOMED && p != keys::P_SESSION && k.len() >= 9 => {
                 named.push((line_no, keys::key_ino(&k).expect("9 bytes")));
             }
             _ => {}

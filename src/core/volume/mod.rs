@@ -18,7 +18,7 @@ use thiserror::Error;
 
 use crate::format::inode::{Inode, S_IFDIR, Timestamp};
 use crate::format::keys;
-use crate::format::superblock::{Counters, Superblock};
+use crate::format::superblock::{Counters, SessionCounters, Superblock};
 use crate::format::xattrs::XattrSet;
 use crate::format::{FORMAT_VERSION, FormatError};
 use crate::meta::{self, EngineKind, MetaError, MetaRead, MetaStore};
@@ -48,7 +48,8 @@ pub const KNOWN_FEATURES: u64 = crate::format::superblock::FEATURE_ENCRYPTED
     | crate::format::superblock::FEATURE_SPILL_PAGES
     | crate::format::superblock::FEATURE_OBJECT_STORE
     | crate::format::superblock::FEATURE_DIR_STATS
-    | crate::format::superblock::FEATURE_DIR_STATS_FULL;
+    | crate::format::superblock::FEATURE_DIR_STATS_FULL
+    | crate::format::superblock::FEATURE_SESSION_COUNTERS;
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -79,6 +80,11 @@ pub enum VolumeError {
     NoCounters,
     #[error("volume counters record is corrupt: {0}")]
     CorruptCounters(FormatError),
+    #[error(
+        "session counters record {} is corrupt: {error}",
+        crate::core::error::describe_key(key)
+    )]
+    CorruptSession { key: Vec<u8>, error: FormatError },
     #[error(
         "volume format version {found} is newer than this safs understands ({FORMAT_VERSION}); upgrade safs"
     )]
@@ -379,6 +385,7 @@ pub fn initial_records(opts: &FormatOptions) -> (Superblock, Vec<crate::meta::Wr
         uuid: *uuid::Uuid::new_v4().as_bytes(),
         inline_bytes: opts.inline_bytes,
         features: crate::format::superblock::FEATURE_SPILL_PAGES
+            | crate::format::superblock::FEATURE_SESSION_COUNTERS
             | crate::format::superblock::FEATURE_DIR_STATS
             | crate::format::superblock::FEATURE_DIR_STATS_FULL
             | if opts.encryption.is_some() {
@@ -454,6 +461,34 @@ pub fn read_superblock(store: &dyn MetaRead) -> Result<Superblock, VolumeError> 
 pub fn read_counters(store: &dyn MetaRead) -> Result<Counters, VolumeError> {
     let rec = store.get(keys::COUNTERS)?.ok_or(VolumeError::NoCounters)?;
     Counters::decode(&rec).map_err(VolumeError::CorruptCounters)
+}
+
+/// Every session's counters record (`R`), by session id; a record that
+/// does not decode is an error naming its key.
+pub fn read_sessions(
+    store: &dyn MetaRead,
+) -> Result<std::collections::BTreeMap<u64, SessionCounters>, VolumeError> {
+    let (start, end) = keys::prefix_range(keys::P_SESSION);
+    let mut found = std::collections::BTreeMap::new();
+    for (k, v) in store.scan(&start, &end, usize::MAX)? {
+        let id = keys::key_ino(&k).filter(|_| k.len() == 9).ok_or_else(|| {
+            VolumeError::CorruptSession {
+                key: k.clone(),
+                error: crate::format::FormatError::Malformed("session key"),
+            }
+        })?;
+        let c = SessionCounters::decode(&k, &v)
+            .map_err(|error| VolumeError::CorruptSession { key: k, error })?;
+        found.insert(id, c);
+    }
+    Ok(found)
+}
+
+/// The inodes in use: `N`'s count and every session's share of it.
+pub fn inodes_in_use(store: &dyn MetaRead) -> Result<u64, VolumeError> {
+    let n = read_counters(store)?.inodes;
+    let shares: i64 = read_sessions(store)?.values().map(|s| s.inodes).sum();
+    Ok(n.saturating_add_signed(shares))
 }
 
 /// Opens a volume's metadata engine after checking it is one.
