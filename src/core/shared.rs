@@ -150,7 +150,7 @@ impl Fs {
             }
             keys::P_DIRINDEX => st.dirs().forget(ino),
             // Another session's counters (`ino` is its id).
-            keys::P_SESSION => self.reload_session(st, ino),
+            keys::P_SESSION if ino != st.session_id() => self.reload_session(st, ino),
             _ => {}
         }
     }
