@@ -406,3 +406,75 @@ fn sessions_counters_records() {
         assert_eq!(n.next_ino, next.get() + 1024, "past the block");
     });
 }
+
+/// A volume from before inode numbers were reserved in blocks (no
+/// feature bit, `N` alone): clean as it is; the first writable mount sets
+/// the bit, counts from `N`, takes the next numbers from where `N` says,
+/// and a clean close leaves `N` whole again (no session record) with the
+/// block's rest given back.
+#[test]
+fn a_volume_from_before_session_counters_is_converted_at_mount() {
+    use safs::format::superblock::{Counters, FEATURE_SESSION_SHARES, Superblock};
+    let (_t, vol, _) = populated();
+    let counters =
+        |s: &LmdbStore| Counters::decode(&s.get(keys::COUNTERS).unwrap().unwrap()).unwrap();
+    let before = std::cell::Cell::new(Counters {
+        next_ino: 0,
+        inodes: 0,
+    });
+    damage(&vol, |s| {
+        let mut sb = Superblock::decode(&s.get(keys::SUPERBLOCK).unwrap().unwrap()).unwrap();
+        sb.features &= !FEATURE_SESSION_SHARES;
+        s.commit(&[(keys::SUPERBLOCK.to_vec(), Some(sb.encode()))])
+            .unwrap();
+        let (a, b) = keys::prefix_range(keys::P_SESSION);
+        assert!(
+            s.scan(&a, &b, 10).unwrap().is_empty(),
+            "a clean close folds its share"
+        );
+        before.set(counters(s));
+    });
+    let before = before.get();
+    assert_eq!(before.inodes, 4, "root, dir, dir/f, sym");
+    let (code, out) = fsck(&vol, false);
+    assert_eq!(code, 0, "{out}");
+    let (store, sb) = volume::open_store(&vol).unwrap();
+    assert!(!sb.has_session_shares());
+    let fs = Fs::mount(&vol, store as Arc<dyn MetaStore>, sb, Options::default()).unwrap();
+    let s = fs.statfs(Ino::ROOT).unwrap();
+    assert_eq!(s.files - s.ffree, 4);
+    let made = fs
+        .make_node(
+            &Ctx::root(),
+            Ino::ROOT,
+            b"new",
+            libc::S_IFREG | 0o644,
+            0,
+            0,
+            None,
+        )
+        .unwrap()
+        .ino;
+    assert_eq!(made.0, before.next_ino);
+    let s = fs.statfs(Ino::ROOT).unwrap();
+    assert_eq!(s.files - s.ffree, 5);
+    fs.close().unwrap();
+    drop(fs);
+    let (store, sb) = volume::open_store(&vol).unwrap();
+    assert!(
+        sb.has_session_shares(),
+        "the bit is set at the first writable mount"
+    );
+    let n = volume::read_counters(store.as_ref()).unwrap();
+    assert_eq!(n.inodes, 5);
+    assert_eq!(
+        n.next_ino,
+        before.next_ino + 1,
+        "the block's rest given back"
+    );
+    assert!(volume::read_sessions(store.as_ref()).unwrap().is_empty());
+    drop(store);
+    let (code, out) = fsck(&vol, false);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("clean"), "{out}");
+}

@@ -1242,3 +1242,134 @@ fn a_quota_holds_across_mounts_and_both_see_the_same_statistics() {
     }
     t.unmount_and_fsck();
 }
+
+/// On a shared volume a change below a directory moves its session's
+/// share of each ancestor's statistics (`format::shares`), not the
+/// ancestors' records. The figures through both mounts still add up to
+/// what a walk finds: after writes below one ancestor from both mounts,
+/// removals through the other mount, a directory moved across subtrees,
+/// a daemon killed (the survivor folds its shares) and remounted; fsck is
+/// clean after both unmount (their shares folded).
+#[test]
+fn directory_statistics_of_two_mounts_add_up_and_survive_a_killed_daemon() {
+    let mut t = two_mounts();
+    let vol = t.v.vol().to_path_buf();
+    std::fs::create_dir_all(t.a.path("top/a/deep")).unwrap();
+    std::fs::create_dir_all(t.b.path("top/b/deep")).unwrap();
+    run_cmd(Command::new(env!("CARGO_BIN_EXE_safs")).args(["sync", t.b.mnt.to_str().unwrap()]))
+        .assert_success("safs sync");
+    // Every commit's keys are in `safs_changes`: from here on, none may
+    // name the inode of `top` or of the root.
+    let mut db = postgres::Client::connect(&t._cluster.conninfo("vol"), postgres::NoTls).unwrap();
+    let since: i64 = db
+        .query_one("SELECT coalesce(max(epoch), 0) FROM safs_changes", &[])
+        .unwrap()
+        .get(0);
+    let inode_key = |ino: u64| [&b"I"[..], &ino.to_be_bytes()].concat();
+    let top = std::fs::metadata(t.a.path("top")).unwrap().ino();
+    for i in 0..20 {
+        write_file(&t.a.path(format!("top/a/deep/f{i}")), &[1u8; 1000]);
+    }
+    for i in 0..30 {
+        write_file(&t.b.path(format!("top/b/deep/g{i}")), &[2u8; 500]);
+    }
+    for m in [&t.a, &t.b] {
+        run_cmd(Command::new(env!("CARGO_BIN_EXE_safs")).args(["sync", m.mnt.to_str().unwrap()]))
+            .assert_success("safs sync");
+    }
+    let commits: i64 = db
+        .query_one(
+            "SELECT count(*) FROM safs_changes WHERE epoch > $1",
+            &[&since],
+        )
+        .unwrap()
+        .get(0);
+    assert!(commits > 0);
+    let touched = |db: &mut postgres::Client, ino: u64| -> i64 {
+        db.query_one(
+            "SELECT count(*) FROM safs_changes WHERE epoch > $1 AND $2 = ANY(keys)",
+            &[&since, &inode_key(ino)],
+        )
+        .unwrap()
+        .get(0)
+    };
+    // The directories holding the files are written (their entries).
+    let deep = std::fs::metadata(t.a.path("top/a/deep")).unwrap().ino();
+    assert!(touched(&mut db, deep) > 0);
+    for ino in [1, top] {
+        let n = touched(&mut db, ino);
+        assert_eq!(
+            n, 0,
+            "{n} of {commits} commits rewrote the record of ancestor {ino}"
+        );
+    }
+    #[track_caller]
+    fn agree(m: &Mount, want: &[(&str, &str, u64)]) {
+        assert!(
+            wait_until(VISIBLE, || want
+                .iter()
+                .all(|&(dir, name, v)| dir_stat(&m.path(dir), name) == Some(v))),
+            "through {}: {:?}",
+            m.mnt.display(),
+            want.iter()
+                .map(|&(dir, name, _)| (dir, name, dir_stat(&m.path(dir), name)))
+                .collect::<Vec<_>>()
+        );
+    }
+    let both = |t: &Two, want: &[(&str, &str, u64)]| {
+        agree(&t.a, want);
+        agree(&t.b, want);
+    };
+    both(
+        &t,
+        &[
+            ("top", "rfiles", 50),
+            ("top", "rsubdirs", 4),
+            ("top", "rbytes", 35_000),
+            ("top/a", "rbytes", 20_000),
+            ("top/b/deep", "files", 30),
+            ("", "rfiles", 50),
+        ],
+    );
+    for i in 0..5 {
+        std::fs::remove_file(t.b.path(format!("top/a/deep/f{i}"))).unwrap();
+    }
+    std::fs::rename(t.a.path("top/b/deep"), t.a.path("top/a/moved")).unwrap();
+    let after = [
+        ("top", "rfiles", 45),
+        ("top", "rsubdirs", 4),
+        ("top", "rbytes", 30_000),
+        ("top/a", "rfiles", 45),
+        ("top/a", "rbytes", 30_000),
+        ("top/b", "rbytes", 0),
+        ("", "rbytes", 30_000),
+    ];
+    both(&t, &after);
+    let pid = t.a.pid();
+    run_cmd(Command::new(env!("CARGO_BIN_EXE_safs")).args(["sync", t.a.mnt.to_str().unwrap()]))
+        .assert_success("safs sync");
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+    let _ = run_cmd(Command::new("umount").arg("-l").arg(&t.a.mnt));
+    t.a.mounted = false;
+    assert!(wait_until(Duration::from_secs(10), || !process_alive(pid)));
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            !safs(["info", vol.to_str().unwrap()])
+                .stdout
+                .contains("(gone")
+        }),
+        "the killed daemon's session is not reclaimed"
+    );
+    agree(&t.b, &after);
+    write_file(&t.b.path("top/a/moved/h"), b"seven b");
+    t.a = Mount::new(&vol, &t.a.mnt.clone());
+    both(
+        &t,
+        &[
+            ("top", "rfiles", 46),
+            ("top", "rbytes", 30_007),
+            ("top/a/moved", "rbytes", 15_007),
+        ],
+    );
+    t.unmount_and_fsck();
+}

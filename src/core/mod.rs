@@ -56,6 +56,7 @@ pub use store::{Health, LeaseFigures, Started};
 
 use crate::format::inode::Inode;
 use crate::format::keys;
+use crate::format::shares::DirShare;
 use crate::format::superblock::{MountState, SessionCounters, Superblock};
 use crate::meta::{MetaStore, Write};
 use crypto::{Keyspace, SealedStore};
@@ -396,7 +397,7 @@ impl Fs {
         }
         if !fs.opts.read_only {
             fs.sb.features |= crate::format::superblock::FEATURE_SPILL_PAGES
-                | crate::format::superblock::FEATURE_SESSION_COUNTERS;
+                | crate::format::superblock::FEATURE_SESSION_SHARES;
         }
         if !fs.opts.read_only {
             // On a shared volume only within this session's block: the
@@ -505,12 +506,21 @@ impl Fs {
             }
             None => None,
         };
-        self.load_sessions(&mut self.state.lock())?;
-        if !self.opts.read_only && !self.sb.has_session_counters() {
+        {
+            let mut st = self.state.lock();
+            self.load_sessions(&mut st)?;
+            if self.is_shared() && !self.opts.read_only {
+                // Shares under this session's id left by an earlier one
+                // (ids start again in a database loaded from a dump).
+                let me = st.session_id();
+                self.fold_shares(&mut st, |id| id == me)?;
+            }
+        }
+        if !self.opts.read_only && !self.sb.has_session_shares() {
             // Inode numbers in blocks, counts per session: builds that
             // would take `N` alone for them must refuse the volume.
             let mut sb = self.sb.clone();
-            sb.features |= crate::format::superblock::FEATURE_SESSION_COUNTERS;
+            sb.features |= crate::format::superblock::FEATURE_SESSION_SHARES;
             self.store
                 .apply(vec![(keys::SUPERBLOCK.to_vec(), Some(sb.encode()))]);
             tracing::info!("volume upgraded: inode numbers are reserved in blocks");
@@ -520,7 +530,7 @@ impl Fs {
             // would not read them must refuse the volume from now on.
             let mut sb = self.sb.clone();
             sb.features |= crate::format::superblock::FEATURE_SPILL_PAGES
-                | crate::format::superblock::FEATURE_SESSION_COUNTERS;
+                | crate::format::superblock::FEATURE_SESSION_SHARES;
             self.store
                 .apply(vec![(keys::SUPERBLOCK.to_vec(), Some(sb.encode()))]);
             tracing::info!("volume upgraded: the spill tier may now be paged");
@@ -561,6 +571,7 @@ impl Fs {
         if reclaimed > 0 {
             tracing::info!(reclaimed, "reclaimed inodes unlinked while open");
         }
+        self.fresh_sessions(&mut st)?;
         if let Some(since_ns) = unclean {
             tracing::warn!(
                 "volume was not unmounted cleanly: reconciling file sizes with backing files"
@@ -581,8 +592,14 @@ impl Fs {
         }
         if !self.opts.read_only {
             match &plan {
-                Some(plan) => self.fold_sessions(&mut st, |id| !plan.live.contains(&id)),
-                None => self.fold_sessions(&mut st, |_| true),
+                Some(plan) => {
+                    self.fold_sessions(&mut st, |id| !plan.live.contains(&id));
+                    self.fold_shares(&mut st, |id| !plan.live.contains(&id))?;
+                }
+                None => {
+                    self.fold_sessions(&mut st, |_| true);
+                    self.fold_shares(&mut st, |_| true)?;
+                }
             }
         }
         drop(st);
@@ -817,9 +834,25 @@ impl Fs {
         })?;
         let id = self.session_id();
         st.begin_session(id, found.remove(&id));
-        for (other, rec) in found {
-            st.set_other_session(other, Some(rec));
+        st.set_others(found);
+        Ok(())
+    }
+
+    /// Other sessions' counters records read again if they changed since
+    /// (see `State::mark_others_stale`).
+    fn fresh_sessions(&self, st: &mut State) -> Result<()> {
+        if !st.others_stale() {
+            return Ok(());
         }
+        let mut found = std::collections::BTreeMap::new();
+        self.scan_pairs(keys::P_SESSION, |k, v| {
+            if let Some(id) = keys::key_ino(k).filter(|_| k.len() == 9) {
+                let rec = SessionCounters::decode(k, v).map_err(|e| CoreError::corrupt(k, e))?;
+                found.insert(id, rec);
+            }
+            Ok(())
+        })?;
+        st.set_others(found);
         Ok(())
     }
 
@@ -843,11 +876,74 @@ impl Fs {
         }
     }
 
+    /// Folds every session's share of directory `dir`'s statistics into
+    /// the directory's inode at once (its recursive counts never go below
+    /// zero on the way), and deletes their records (under the lease). A
+    /// session whose share is folded sees its record go, and starts its
+    /// share again from nothing. Shares of a directory gone since go with
+    /// nothing.
+    fn fold_dir_shares(&self, st: &mut State, dir: u64) -> Result<()> {
+        let me = st.session_id();
+        let mut total = DirShare::default();
+        let mut w = Vec::new();
+        if let Some(own) = st.own_share(dir) {
+            total.add(own);
+            w.push((keys::dir_share(dir, me).to_vec(), None));
+        }
+        let (start, end) = keys::ino_range(keys::P_SHARE, dir);
+        for (k, v) in self.store.scan(&start, &end, usize::MAX)? {
+            if keys::share_session(&k) == Some(me) {
+                continue;
+            }
+            total.add(&DirShare::decode(&k, &v).map_err(|e| CoreError::corrupt(&k, e))?);
+            w.push((k, None));
+        }
+        if let Some(c) = self.load_opt(st, dir)? {
+            let mut inode = c.inode.clone();
+            if let Some(s) = inode.stats.as_mut() {
+                total.apply_to(s);
+                self.put_inode_as_is(st, &mut w, dir, inode);
+            }
+        }
+        st.drop_shares(dir);
+        self.store.apply(w);
+        Ok(())
+    }
+
+    /// Folds the shares of every directory of which a session `gone`
+    /// says is over holds one (see [`Fs::fold_dir_shares`]).
+    fn fold_shares(&self, st: &mut State, gone: impl Fn(u64) -> bool) -> Result<()> {
+        let mut dirs = std::collections::BTreeSet::new();
+        self.scan_keys(keys::P_SHARE, |k| {
+            let (Some(dir), Some(session)) = (keys::key_ino(k), keys::share_session(k)) else {
+                return Err(CoreError::corrupt(
+                    k,
+                    crate::format::FormatError::Malformed("share key"),
+                ));
+            };
+            if gone(session) {
+                dirs.insert(dir);
+            }
+            Ok(())
+        })?;
+        for dir in dirs {
+            self.fold_dir_shares(st, dir)?;
+        }
+        Ok(())
+    }
+
     /// At a clean end: this session's share folded into `N`, and the rest
     /// of its block given back if no block was reserved after it.
     fn fold_own_session(&self) {
         let mut st = self.state.lock();
         let id = st.session_id();
+        let dirs = st.own_share_dirs();
+        for dir in dirs {
+            if let Err(e) = self.fold_dir_shares(&mut st, dir) {
+                // Counted again by `safs fsck`, which sums every share.
+                tracing::error!(dir, error = %e, "shares of directory statistics not folded");
+            }
+        }
         if let Some(n) = st.fold_session(id) {
             self.store.apply(vec![
                 (keys::session(id).to_vec(), None),
@@ -974,6 +1070,15 @@ impl Fs {
         }
         if inode.as_ref().is_none_or(Inode::is_reg) {
             self.drop_blocks(w, ino)?;
+        }
+        // A directory's shares of its statistics go with it (any
+        // session's: nothing is below it to move them again).
+        if self.is_shared() && inode.as_ref().is_none_or(Inode::is_dir) {
+            let (start, end) = keys::ino_range(keys::P_SHARE, ino);
+            for (k, _) in self.store.scan(&start, &end, usize::MAX)? {
+                w.push((k, None));
+            }
+            st.drop_shares(ino);
         }
         let backing = inode
             .as_ref()

@@ -84,6 +84,9 @@ pub(super) struct Work {
     /// Entries added to or removed from a directory, for its statistics
     /// and its ancestors' (`stats`).
     pub(super) moved: Vec<super::stats::Moved>,
+    /// Moves of this session's shares of directories' statistics (volumes
+    /// several daemons serve), applied with the writes.
+    pub(super) shares: Vec<(u64, crate::format::shares::DirShare)>,
 }
 
 enum EntryChange {
@@ -99,6 +102,7 @@ impl Work {
             writes: Vec::new(),
             entries: Vec::new(),
             moved: Vec::new(),
+            shares: Vec::new(),
         }
     }
 }
@@ -131,6 +135,8 @@ impl Fs {
             // Sizes do not change here (statistics moved with the entries).
             self.put_inode_as_is(st, &mut work.writes, ino, inode);
         }
+        let shares = std::mem::take(&mut work.shares);
+        self.put_shares(st, &mut work.writes, shares);
         // Only directory changes finish here: `dirsync` makes them durable.
         let seq = self.store.apply(work.writes);
         self.hand_over_deferred(st);
@@ -1131,6 +1137,7 @@ impl Fs {
                 Err(CoreError::NotFound) => None,
                 Err(e) => return Err(e),
             };
+            self.fresh_sessions(&mut st)?;
             (st.inodes_in_use(), quota)
         };
         let bsize = vfs.fragment_size().max(512);

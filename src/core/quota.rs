@@ -91,12 +91,16 @@ impl Fs {
         let mut at = dir;
         for _ in 0..MAX_DEPTH {
             let i = &self.load(st, at)?.inode;
-            if let (false, Some(s)) = (i.quota.is_none(), i.stats) {
-                if f(i.quota, s).is_break() {
+            let parent = i.parent;
+            if !i.quota.is_none() {
+                let i = i.clone();
+                if let Some(s) = self.stats_with_shares(st, at, &i)?
+                    && f(i.quota, s).is_break()
+                {
                     return Ok(());
                 }
             }
-            match super::stats::up_from(at, i.parent) {
+            match super::stats::up_from(at, parent) {
                 Some(up) => at = up,
                 None => return Ok(()),
             }

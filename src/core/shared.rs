@@ -15,7 +15,7 @@ use std::sync::{Arc, Weak};
 use super::error::{CoreError, Result};
 use super::state::State;
 use super::{Fs, keys};
-use crate::format::superblock::{Counters, SessionCounters};
+use crate::format::superblock::Counters;
 use crate::meta::Changes;
 
 /// How often a daemon looks for daemons of its volume that died.
@@ -58,7 +58,7 @@ impl Fs {
             let mut st = self.state.lock();
             st.cache_clear();
             self.reload_counters(&mut st);
-            self.reload_sessions(&mut st);
+            st.mark_others_stale();
         }
         let weak: Weak<Fs> = Arc::downgrade(self);
         shared.watch(Box::new(move |epoch| {
@@ -97,7 +97,7 @@ impl Fs {
                 st.cache_clear();
                 self.forget_contents(None);
                 self.reload_counters(&mut st);
-                self.reload_sessions(&mut st);
+                st.mark_others_stale();
             }
             Some(changed) => {
                 for k in changed {
@@ -149,8 +149,26 @@ impl Fs {
                 }
             }
             keys::P_DIRINDEX => st.dirs().forget(ino),
-            // Another session's counters (`ino` is its id).
-            keys::P_SESSION if ino != st.session_id() => self.reload_session(st, ino),
+            // Another session's counters (`ino` is its id): read again
+            // when the count or the blocks are wanted, not on this thread
+            // (a round trip under the state lock per batch of another's).
+            keys::P_SESSION if ino != st.session_id() => st.mark_others_stale(),
+            // A session's share of directory `ino`'s statistics; the
+            // others' are read again when wanted.
+            keys::P_SHARE => match keys::share_session(key) {
+                // Another's fold, or a removal of the directory, deleted
+                // this session's share: it starts again from nothing. Its
+                // own commits can come back here too (the record is
+                // there then, and the share stays).
+                Some(s) if s == st.session_id() => match self.store.get(key) {
+                    Ok(None) => st.set_share(ino, s, None),
+                    Ok(Some(_)) => {}
+                    Err(e) => {
+                        tracing::error!(dir = ino, error = %e, "cannot tell whether this mount's share of a directory's statistics was folded");
+                    }
+                },
+                _ => st.forget_other_shares(ino),
+            },
             _ => {}
         }
     }
@@ -169,38 +187,6 @@ impl Fs {
             None => {
                 tracing::error!("cannot reload the volume's counters after another mount's change")
             }
-        }
-    }
-
-    /// Session `id`'s counters record as the store holds it now (gone:
-    /// folded into `N` by whoever recovered after it).
-    fn reload_session(&self, st: &mut State, id: u64) {
-        let key = keys::session(id);
-        match self.store.get(&key) {
-            Ok(rec) => match rec.map(|r| SessionCounters::decode(&key, &r)).transpose() {
-                Ok(rec) => st.set_other_session(id, rec),
-                Err(e) => {
-                    tracing::error!(session = id, error = %e, "another session's counters record is corrupt")
-                }
-            },
-            Err(e) => {
-                tracing::error!(session = id, error = %e, "cannot reload another session's counters")
-            }
-        }
-    }
-
-    /// Every other session's counters record as the store holds it now.
-    fn reload_sessions(&self, st: &mut State) {
-        let mut ids: Vec<u64> = st.other_sessions().keys().copied().collect();
-        let (start, end) = keys::prefix_range(keys::P_SESSION);
-        match self.store.scan(&start, &end, usize::MAX) {
-            Ok(pairs) => ids.extend(pairs.iter().filter_map(|(k, _)| keys::key_ino(k))),
-            Err(e) => tracing::error!(error = %e, "cannot reload other sessions' counters"),
-        }
-        ids.sort_unstable();
-        ids.dedup();
-        for id in ids {
-            self.reload_session(st, id);
         }
     }
 

@@ -18,6 +18,7 @@ use lru::LruCache;
 
 use super::dircache::DirCache;
 use crate::format::inode::Inode;
+use crate::format::shares::DirShare;
 use crate::format::spill::Spill;
 use crate::format::superblock::{Counters, SessionCounters};
 
@@ -93,9 +94,18 @@ pub(super) struct State {
     counters: Counters,
     /// This daemon's share of the counters (see [`Session`]).
     session: Session,
+    /// Shared volumes: this session's shares of directories' statistics
+    /// (see `format::shares`), every one it moved since it began; and the
+    /// other sessions' shares of the directories whose figures were read
+    /// (all of a directory's, or none).
+    own_shares: rustc_hash::FxHashMap<u64, DirShare>,
+    other_shares: rustc_hash::FxHashMap<u64, std::collections::BTreeMap<u64, DirShare>>,
     /// Other sessions' counters records, as last read (shared volumes):
     /// their shares of the count, and the blocks their pools work in.
     others: std::collections::BTreeMap<u64, SessionCounters>,
+    /// `others` is behind the store (another session wrote its record):
+    /// read again before it is used.
+    others_stale: bool,
     /// The kernel's lookup count per inode (FUSE nlookup); no zero entries.
     lookups: HashMap<u64, u64>,
     open: HashMap<u64, OpenInode>,
@@ -144,6 +154,9 @@ impl State {
             counters,
             session: Session::default(),
             others: Default::default(),
+            others_stale: false,
+            own_shares: Default::default(),
+            other_shares: Default::default(),
             lookups: HashMap::new(),
             open: HashMap::new(),
             broken: 0,
@@ -402,6 +415,7 @@ impl State {
         self.cache.clear();
         self.cache_bytes = 0;
         self.dirs.clear();
+        self.other_shares.clear();
     }
 
     /// (inodes, capacity, bytes, byte budget).
@@ -535,19 +549,91 @@ impl State {
         Some(self.counters)
     }
 
-    /// Another session's counters record as the store holds it now.
-    pub fn set_other_session(&mut self, id: u64, rec: Option<SessionCounters>) {
-        if id == self.session.id {
+    /// Other sessions' counters records changed since they were read.
+    pub fn mark_others_stale(&mut self) {
+        self.others_stale = true;
+    }
+
+    pub fn others_stale(&self) -> bool {
+        self.others_stale
+    }
+
+    /// Every other session's counters record, as just read.
+    pub fn set_others(&mut self, others: std::collections::BTreeMap<u64, SessionCounters>) {
+        self.others = others;
+        self.others.remove(&self.session.id);
+        self.others_stale = false;
+    }
+
+    // ---- shares of directory statistics (shared volumes) -----------------
+
+    /// Adds `d` to this session's share of `dir`; the share now.
+    pub fn add_own_share(&mut self, dir: u64, d: &DirShare) -> DirShare {
+        let s = self.own_shares.entry(dir).or_default();
+        s.add(d);
+        *s
+    }
+
+    pub fn own_share(&self, dir: u64) -> Option<&DirShare> {
+        self.own_shares.get(&dir)
+    }
+
+    /// The directories this session holds a share of.
+    pub fn own_share_dirs(&self) -> Vec<u64> {
+        self.own_shares.keys().copied().collect()
+    }
+
+    /// The other sessions' shares of `dir`, summed; `None`: not read yet.
+    pub fn other_shares_of(&self, dir: u64) -> Option<DirShare> {
+        self.other_shares.get(&dir).map(|m| {
+            let mut sum = DirShare::default();
+            for s in m.values() {
+                sum.add(s);
+            }
+            sum
+        })
+    }
+
+    /// The other sessions' shares of `dir`, as read from the store.
+    pub fn set_other_shares(
+        &mut self,
+        dir: u64,
+        shares: std::collections::BTreeMap<u64, DirShare>,
+    ) {
+        self.other_shares.insert(dir, shares);
+    }
+
+    /// Session `session`'s share of `dir` as the store holds it now (a
+    /// change another daemon made); `None`: gone. This session's own
+    /// share goes only when another removed the directory.
+    pub fn set_share(&mut self, dir: u64, session: u64, share: Option<DirShare>) {
+        if session == self.session.id {
+            if share.is_none() {
+                self.own_shares.remove(&dir);
+            }
             return;
         }
-        match rec {
-            Some(r) => {
-                self.others.insert(id, r);
-            }
-            None => {
-                self.others.remove(&id);
+        if let Some(m) = self.other_shares.get_mut(&dir) {
+            match share {
+                Some(s) => {
+                    m.insert(session, s);
+                }
+                None => {
+                    m.remove(&session);
+                }
             }
         }
+    }
+
+    /// The other sessions' shares of `dir` are read again when wanted.
+    pub fn forget_other_shares(&mut self, dir: u64) {
+        self.other_shares.remove(&dir);
+    }
+
+    /// Directory `dir` is gone, and every share of it.
+    pub fn drop_shares(&mut self, dir: u64) {
+        self.own_shares.remove(&dir);
+        self.other_shares.remove(&dir);
     }
 
     /// Other sessions' counters records, as last read.

@@ -17,7 +17,8 @@ use super::state::State;
 use super::store::Store;
 use super::{Fs, keys};
 use crate::format::dirent::Dirent;
-use crate::format::inode::{Inode, S_IFDIR};
+use crate::format::inode::{DirStats, Inode, S_IFDIR};
+use crate::format::shares::DirShare;
 
 /// The prefix of the statistics' names.
 pub const PREFIX: &[u8] = b"safs.dir.";
@@ -70,6 +71,18 @@ impl Weight {
         self.rsubdirs += o.rsubdirs;
         self.rbytes += o.rbytes;
         self.rblocks += o.rblocks;
+    }
+
+    /// The same change as a session's share of a directory.
+    fn share(&self) -> DirShare {
+        DirShare {
+            files: self.files,
+            rfiles: self.rfiles,
+            rsubdirs: self.rsubdirs,
+            rbytes: self.rbytes,
+            rblocks: self.rblocks,
+            rctime: 0,
+        }
     }
 
     fn apply_to(&self, i: &mut Inode) {
@@ -132,11 +145,11 @@ impl Fs {
                 // What the directory holds moves with it. Its own counts
                 // do not change in the same operation: it is never above
                 // the directory it moves out of or into.
-                let s = match work.inodes.get(&ino) {
-                    Some(i) => i.stats,
-                    None => self.inode(st, ino)?.stats,
-                }
-                .unwrap_or_default();
+                let i = match work.inodes.get(&ino) {
+                    Some(i) => i.clone(),
+                    None => self.inode(st, ino)?,
+                };
+                let s = self.stats_with_shares(st, ino, &i)?.unwrap_or_default();
                 Weight {
                     files: 0,
                     rfiles: s.rfiles as i64 * sign,
@@ -219,20 +232,88 @@ impl Fs {
         }
         let deferred = self.defers_stats();
         for (dir, w) in deltas {
-            if let Some(i) = work.inodes.get_mut(&dir) {
+            if !deferred {
+                // Several daemons: what lies below moves this session's
+                // share of the directory (see `format::shares`), never its
+                // record, whose recursive counts change only when every
+                // share is folded in at once — so they never go below
+                // zero on the way. Its own entries' count is its own.
+                work.shares.push((dir, Weight { files: 0, ..w }.share()));
+                if w.files != 0 {
+                    let files = Weight {
+                        files: w.files,
+                        ..Weight::default()
+                    };
+                    files.apply_to(self.w_get(st, work, dir)?);
+                }
+            } else if let Some(i) = work.inodes.get_mut(&dir) {
                 w.apply_to(i);
-            } else if deferred {
+            } else if let Some(c) = st.cached(dir) {
                 // Written once per batch, not once per operation: an
                 // ancestor changes in every operation below it. (Counts
                 // do not change what the entry costs the cache.)
-                if let Some(c) = st.cached(dir) {
-                    w.apply_to(&mut c.inode);
-                }
-            } else {
-                w.apply_to(self.w_get(st, work, dir)?);
+                w.apply_to(&mut c.inode);
             }
         }
         Ok(())
+    }
+
+    /// `dir`'s statistics (`inode` its record) with every session's share
+    /// of them in: on a volume several daemons serve, this session's from
+    /// memory, the others' read once and then followed.
+    pub(super) fn stats_with_shares(
+        &self,
+        st: &mut State,
+        dir: u64,
+        inode: &Inode,
+    ) -> Result<Option<DirStats>> {
+        let Some(mut s) = inode.stats else {
+            return Ok(None);
+        };
+        if self.defers_stats() {
+            return Ok(Some(s));
+        }
+        // Summed before they are applied: one share may be negative
+        // where another holds what it takes away.
+        let mut shares = st.own_share(dir).copied().unwrap_or_default();
+        let others = match st.other_shares_of(dir) {
+            Some(o) => o,
+            None => {
+                let (start, end) = keys::ino_range(keys::P_SHARE, dir);
+                let me = st.session_id();
+                let mut found = std::collections::BTreeMap::new();
+                for (k, v) in self.store.scan(&start, &end, usize::MAX)? {
+                    let Some(session) = keys::share_session(&k).filter(|&s| s != me) else {
+                        continue;
+                    };
+                    let share = DirShare::decode(&k, &v).map_err(|e| CoreError::corrupt(&k, e))?;
+                    found.insert(session, share);
+                }
+                st.set_other_shares(dir, found);
+                st.other_shares_of(dir).unwrap_or_default()
+            }
+        };
+        shares.add(&others);
+        shares.apply_to(&mut s);
+        Ok(Some(s))
+    }
+
+    /// Adds an operation's moves of this session's shares (`shares`) to
+    /// them, with their records into `w`.
+    pub(super) fn put_shares(
+        &self,
+        st: &mut State,
+        w: &mut Vec<crate::meta::Write>,
+        shares: Vec<(u64, DirShare)>,
+    ) {
+        let me = st.session_id();
+        for (dir, d) in shares {
+            if d.is_empty() {
+                continue;
+            }
+            let now = st.add_own_share(dir, &d);
+            w.push((keys::dir_share(dir, me).to_vec(), Some(now.encode(dir, me))));
+        }
     }
 
     /// The blocks of non-directory `i` its directories count: none on
@@ -307,7 +388,12 @@ impl Fs {
                 Some(i) => (i.stats.map(|s| s.rctime), i.parent),
                 None => {
                     let i = &self.load(st, at)?.inode;
-                    (i.stats.map(|s| s.rctime), i.parent)
+                    let (r, p) = (i.stats.map(|s| s.rctime), i.parent);
+                    // This session's share raised it already, and every
+                    // directory above (other sessions' shares may be
+                    // ahead too: raising again is harmless).
+                    let own = st.own_share(at).map_or(0, |s| s.rctime);
+                    (r.map(|r| r.max(own)), p)
                 }
             };
             match rctime {
@@ -328,7 +414,13 @@ impl Fs {
                     raise(&mut c.inode);
                 }
             } else {
-                raise(self.w_get(st, work, at)?);
+                work.shares.push((
+                    at,
+                    DirShare {
+                        rctime: sec,
+                        ..DirShare::default()
+                    },
+                ));
             }
             match up_from(at, parent) {
                 Some(up) => at = up,
@@ -382,6 +474,7 @@ impl Fs {
             let i = work.inodes.remove(&at).expect("dirty inode loaded");
             self.put_inode_as_is(st, w, at, i);
         }
+        self.put_shares(st, w, std::mem::take(&mut work.shares));
         Ok(())
     }
 
@@ -396,12 +489,14 @@ impl Fs {
                 Some(i) => i,
                 None => &self.load(st, dir)?.inode,
             };
-            let (q, Some(b)) = (before.quota, before.stats) else {
-                continue;
-            };
+            let q = before.quota;
             if q.is_none() {
                 continue;
             }
+            let before = before.clone();
+            let Some(b) = self.stats_with_shares(st, dir, &before)? else {
+                continue;
+            };
             let over = |before: u64, delta: i64, max: u64| {
                 let after = moved_by(before, delta);
                 max > 0 && after > max && after > before
@@ -475,9 +570,7 @@ impl Fs {
                         w8.apply_to(&mut c.inode);
                     }
                 } else {
-                    let mut d = self.inode(st, at)?;
-                    w8.apply_to(&mut d);
-                    self.put_inode_as_is(st, w, at, d);
+                    self.put_shares(st, w, vec![(at, w8.share())]);
                 }
             }
         }
@@ -490,7 +583,7 @@ impl Fs {
     pub(super) fn dir_stat(&self, st: &mut State, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
         pay_owed(&self.store, st, &mut Work::new());
         let i = self.inode(st, ino)?;
-        let Some(s) = i.stats else {
+        let Some(s) = self.stats_with_shares(st, ino, &i)? else {
             return Err(CoreError::NoData);
         };
         let subdirs = u64::from(i.nlink.saturating_sub(2));

@@ -27,6 +27,7 @@ pub enum Kind {
     BlockRef = 11,
     DataStore = 12,
     Session = 13,
+    DirShare = 14,
 }
 
 /// Current payload version of every kind but those [`newest`] names.

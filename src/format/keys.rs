@@ -4,6 +4,7 @@
 //! |-----------------------------------|---------------------|----------------------------------------|
 //! | `V`                               | Superblock          | uuid, format version, inline budget    |
 //! | `N`                               | Counters            | next inode number, inodes in use       |
+//! | `T` dir:u64 session:u64          | DirShare            | one session's share of a directory's statistics, on volumes several daemons serve (see `format::shares`) |
 //! | `R` session:u64                   | Session             | one daemon's block of inode numbers and the inodes it made or freed since its count was last folded into `N` (see `format::superblock`) |
 //! | `I` ino:u64                       | Inode               | attributes + inline SA xattr area      |
 //! | `S` ino:u64 [page:u8]             | Spill               | packed xattrs that missed the inline area, in pages (page 0 without the byte; ≤ 64 KiB in all, see `format::spill`) |
@@ -43,6 +44,7 @@ pub const P_WRITING: u8 = b'W';
 pub const P_BLOCK: u8 = b'B';
 pub const P_DOOMED: u8 = b'Q';
 pub const P_SESSION: u8 = b'R';
+pub const P_SHARE: u8 = b'T';
 
 /// `prefix ‖ ino`.
 pub fn ino_key(prefix: u8, ino: u64) -> [u8; 9] {
@@ -81,6 +83,21 @@ pub fn spill_page_of(key: &[u8]) -> Option<usize> {
 
 pub fn symlink(ino: u64) -> [u8; 9] {
     ino_key(P_SYMLINK, ino)
+}
+
+/// Session `session`'s share of directory `dir`'s statistics.
+pub fn dir_share(dir: u64, session: u64) -> [u8; 17] {
+    let mut k = [0u8; 17];
+    k[..9].copy_from_slice(&ino_key(P_SHARE, dir));
+    k[9..].copy_from_slice(&session.to_be_bytes());
+    k
+}
+
+/// The session of a `T` key.
+pub fn share_session(key: &[u8]) -> Option<u64> {
+    key.get(9..17)
+        .filter(|_| key.len() == 17)
+        .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")))
 }
 
 /// The counters of session `id` (0 on volumes one daemon serves).

@@ -12,6 +12,7 @@ pub mod dirent;
 pub mod envelope;
 pub mod inode;
 pub mod keys;
+pub mod shares;
 pub mod spill;
 pub mod superblock;
 pub mod xattrs;

@@ -42,11 +42,14 @@ pub const FEATURE_DIR_STATS: u64 = 16;
 /// of a ctime or of a file's blocks: a build that does not know would
 /// leave them behind, and read their section as damage.
 pub const FEATURE_DIR_STATS_FULL: u64 = 32;
-/// Inode numbers are reserved in blocks and the inodes in use counted per
-/// session (`SessionCounters`): a build that does not know would take
-/// `N` alone for the count and hand out numbers a session reserved. Set
-/// at format, and on an older volume at its first writable mount.
-pub const FEATURE_SESSION_COUNTERS: u64 = 64;
+/// Figures several sessions change are kept as per-session shares: inode
+/// numbers reserved in blocks and the inodes in use counted per session
+/// (`SessionCounters`), and on volumes several daemons serve, directory
+/// statistics moved by a session's share of each directory
+/// (`format::shares`). A build that does not know would take `N` and the
+/// inodes alone for them. Set at format, and on an older volume at its
+/// first writable mount.
+pub const FEATURE_SESSION_SHARES: u64 = 64;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
@@ -62,8 +65,8 @@ impl Superblock {
         self.features & FEATURE_ENCRYPTED != 0
     }
 
-    pub fn has_session_counters(&self) -> bool {
-        self.features & FEATURE_SESSION_COUNTERS != 0
+    pub fn has_session_shares(&self) -> bool {
+        self.features & FEATURE_SESSION_SHARES != 0
     }
 
     pub fn has_spill_pages(&self) -> bool {

@@ -12,6 +12,7 @@ impl Checker<'_> {
             return;
         }
         self.homes();
+        self.fold_shares();
         // Depth of each named directory, by its chain of names up to the
         // root (bounded: a loop of names is reported elsewhere).
         let mut order: Vec<(usize, u64)> = Vec::new();
@@ -154,6 +155,63 @@ impl Checker<'_> {
             i.parent = seen.first().copied().unwrap_or(0);
             i.links = seen.get(1..).unwrap_or_default().to_vec();
             self.put_inode_of(ino);
+        }
+    }
+
+    /// Sessions' shares of directories' statistics (`format::shares`),
+    /// added to the counts their directories' records say before those
+    /// are checked; with `repair`, folded into the records and deleted
+    /// (nothing serves the volume). A share that does not read, or of a
+    /// directory that is gone, is a finding.
+    fn fold_shares(&mut self) {
+        let mut shares: Vec<(Vec<u8>, Value)> = Vec::new();
+        if let Err(e) = self.each(keys::P_SHARE, |_, k, v| shares.push((k, v))) {
+            self.find(
+                format!("shares of directory statistics unreadable ({e})"),
+                false,
+            );
+            return;
+        }
+        // Summed per directory first: one share may be negative where
+        // another holds what it takes away.
+        let mut folded: BTreeMap<u64, crate::format::shares::DirShare> = BTreeMap::new();
+        for (k, v) in shares {
+            let dir = keys::key_ino(&k).unwrap_or(0);
+            let share = match v {
+                Ok(v) => crate::format::shares::DirShare::decode(&k, &v).map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            let share = match share {
+                Ok(s) if keys::share_session(&k).is_some() => s,
+                Ok(_) => {
+                    self.find(format!("malformed share key {}", describe_key(&k)), true);
+                    self.delete(&k);
+                    continue;
+                }
+                Err(e) => {
+                    self.find(format!("share {} unreadable ({e})", describe_key(&k)), true);
+                    self.delete(&k);
+                    continue;
+                }
+            };
+            match self.inodes.get(&dir).and_then(|i| i.inode.stats) {
+                Some(_) => folded.entry(dir).or_default().add(&share),
+                None => self.find(
+                    format!("share {} of a directory that is gone", describe_key(&k)),
+                    true,
+                ),
+            }
+            self.delete(&k);
+        }
+        for (dir, share) in folded {
+            if let Some(s) = self
+                .inodes
+                .get_mut(&dir)
+                .and_then(|i| i.inode.stats.as_mut())
+            {
+                share.apply_to(s);
+            }
+            self.put_inode_of(dir);
         }
     }
 

@@ -44,6 +44,7 @@ fn shape(key: &[u8]) -> Shape {
         Some(keys::P_BLOCK) if key.len() == 13 => Shape::Of(ino),
         Some(keys::P_DOOMED) if key.len() == 21 => Shape::Volume,
         Some(keys::P_SESSION) if key.len() == 9 => Shape::Volume,
+        Some(keys::P_SHARE) if key.len() == 17 => Shape::Of(ino),
         Some(keys::P_DIRENT) if named(NAME_MAX) => Shape::Of(ino),
         Some(keys::P_OVERFLOW) if named(XATTR_NAME_MAX) => Shape::Of(ino),
         _ => Shape::Malformed,

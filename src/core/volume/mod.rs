@@ -49,7 +49,7 @@ pub const KNOWN_FEATURES: u64 = crate::format::superblock::FEATURE_ENCRYPTED
     | crate::format::superblock::FEATURE_OBJECT_STORE
     | crate::format::superblock::FEATURE_DIR_STATS
     | crate::format::superblock::FEATURE_DIR_STATS_FULL
-    | crate::format::superblock::FEATURE_SESSION_COUNTERS;
+    | crate::format::superblock::FEATURE_SESSION_SHARES;
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -385,7 +385,7 @@ pub fn initial_records(opts: &FormatOptions) -> (Superblock, Vec<crate::meta::Wr
         uuid: *uuid::Uuid::new_v4().as_bytes(),
         inline_bytes: opts.inline_bytes,
         features: crate::format::superblock::FEATURE_SPILL_PAGES
-            | crate::format::superblock::FEATURE_SESSION_COUNTERS
+            | crate::format::superblock::FEATURE_SESSION_SHARES
             | crate::format::superblock::FEATURE_DIR_STATS
             | crate::format::superblock::FEATURE_DIR_STATS_FULL
             | if opts.encryption.is_some() {
