@@ -38,7 +38,15 @@ pub struct LoadArgs {
 }
 
 pub fn run_dump(a: DumpArgs) -> anyhow::Result<()> {
-    let (vol, _) = super::info::resolve(&a.volume)?;
+    let (vol, mountpoint) = super::info::resolve(&a.volume)?;
+    if let Some(m) = &mountpoint {
+        // The snapshot is of what is committed: every change made before
+        // the dump was asked for goes in (the group committer may hold
+        // the last few milliseconds', more on a busy machine).
+        let sock = super::info::daemon_socket(&vol, Some(m))?;
+        safs::control::request_at(&sock, "sync")
+            .with_context(|| format!("cannot ask the daemon of {} to commit", m.display()))?;
+    }
     let started = Instant::now();
     let sum = match &a.file {
         Some(path) => {

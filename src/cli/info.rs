@@ -35,6 +35,16 @@ pub fn resolve(path: &Path) -> anyhow::Result<(PathBuf, Option<PathBuf>)> {
     }
 }
 
+/// The control socket of the daemon to ask: on a volume several daemons
+/// serve, the one of `mountpoint` if given, else of the volume's first
+/// mount here.
+pub fn daemon_socket(vol: &Path, mountpoint: Option<&Path>) -> anyhow::Result<PathBuf> {
+    Ok(match mountpoint {
+        Some(m) => safs::control::socket_path_at(vol, &std::fs::canonicalize(m)?),
+        None => safs::control::socket_for(vol),
+    })
+}
+
 /// `hits` of `hits + misses`, as a percentage (or "none" of none).
 pub fn ratio(hits: u64, misses: u64) -> String {
     match hits + misses {
@@ -197,12 +207,7 @@ pub fn volume_of_mount(mnt: &Path) -> Option<PathBuf> {
 
 pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     let (vol, mountpoint) = resolve(&a.path)?;
-    // The daemon to ask: on a volume several daemons serve, the one of the
-    // mountpoint given, else of the volume's first mount here.
-    let sock = match &mountpoint {
-        Some(m) => safs::control::socket_path_at(&vol, &std::fs::canonicalize(m)?),
-        None => safs::control::socket_for(&vol),
-    };
+    let sock = daemon_socket(&vol, mountpoint.as_deref())?;
     let shared = safs::control::is_shared(&vol);
     let mounted = (shared || VolumeLock::is_held(&vol)) && sock.exists();
     if a.json {

@@ -130,10 +130,7 @@ fn run_plain(command: Command) -> anyhow::Result<()> {
         Command::Quota(a) => quota::run(a),
         Command::Sync(a) => {
             let (vol, mountpoint) = info::resolve(&a.path)?;
-            let sock = match mountpoint {
-                Some(m) => safs::control::socket_path_at(&vol, &std::fs::canonicalize(m)?),
-                None => safs::control::socket_for(&vol),
-            };
+            let sock = info::daemon_socket(&vol, mountpoint.as_deref())?;
             safs::control::request_at(&sock, "sync")?;
             Ok(())
         }

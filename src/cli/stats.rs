@@ -37,10 +37,7 @@ fn interval(s: &str) -> Result<f64, String> {
 
 pub fn run(a: StatsArgs) -> anyhow::Result<()> {
     let (vol, mountpoint) = super::info::resolve(&a.path)?;
-    let sock = match &mountpoint {
-        Some(m) => safs::control::socket_path_at(&vol, &std::fs::canonicalize(m)?),
-        None => safs::control::socket_for(&vol),
-    };
+    let sock = super::info::daemon_socket(&vol, mountpoint.as_deref())?;
     let name = mountpoint.unwrap_or(vol).display().to_string();
     let mut last = safs::control::request_at(&sock, "stats")
         .with_context(|| format!("{name} is not mounted (no daemon to ask)"))?
