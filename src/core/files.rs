@@ -101,7 +101,24 @@ impl Fs {
         if !inode.is_reg() {
             return Err(CoreError::Invalid);
         }
-        let file = self.data.open(ino)?;
+        let file = match self.data.open_existing(ino) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // Another mount freed it, and this one has not heard yet
+                // (a read-only open takes no lease): its commit comes
+                // before its unlink, so the record is gone too. Creating
+                // the file here left a stray no inode names (CI, the
+                // two-mount model walk).
+                if self.is_shared() && self.store.get(&crate::format::keys::inode(ino))?.is_none() {
+                    st.cache_pop(ino);
+                    return Err(CoreError::NotFound);
+                }
+                // After a crash: a file whose backing file's name was never
+                // made durable lost its contents with it (see `reconcile`).
+                self.data.open(ino)?
+            }
+            Err(e) => return Err(e.into()),
+        };
         let mut w = Vec::new();
         if mode.truncate {
             self.mark_dirty(ino, &file)?;

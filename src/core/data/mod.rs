@@ -314,6 +314,11 @@ impl DataStore {
         }
     }
 
+    /// Opens the backing file of `ino` read-write; `NotFound` if missing.
+    pub fn open_existing(&self, ino: u64) -> io::Result<File> {
+        self.open_with(ino, false)
+    }
+
     /// Creates the backing file of a new inode `ino` (it must not exist),
     /// its atime at the sentinel.
     pub fn create(&self, ino: u64) -> io::Result<File> {
