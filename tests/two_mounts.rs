@@ -127,6 +127,30 @@ fn two_nodes() -> Two {
 }
 
 impl Two {
+    /// Commits A's changes, kills A's daemon with SIGKILL and waits until B
+    /// has buried its session (what A held reclaimed).
+    #[track_caller]
+    fn sync_kill_a_and_wait_for_burial(&mut self) {
+        let pid = self.a.pid();
+        run_cmd(
+            Command::new(env!("CARGO_BIN_EXE_safs")).args(["sync", self.a.mnt.to_str().unwrap()]),
+        )
+        .assert_success("safs sync");
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+        let _ = run_cmd(Command::new("umount").arg("-l").arg(&self.a.mnt));
+        self.a.mounted = false;
+        assert!(wait_until(Duration::from_secs(10), || !process_alive(pid)));
+        let vol = self.v.vol().to_path_buf();
+        assert!(
+            wait_until(Duration::from_secs(30), || {
+                !safs(["info", vol.to_str().unwrap()])
+                    .stdout
+                    .contains("(gone")
+            }),
+            "the killed daemon's session is not reclaimed"
+        );
+    }
+
     /// Unmounts both and checks the volume at once: fsck waits for the
     /// daemons finishing their last commits (as after `umount; fsck` on
     /// one machine), then must find it clean.
@@ -789,22 +813,8 @@ fn inode_numbers_come_from_each_mounts_block_and_both_count_the_same() {
         std::fs::remove_file(t.b.path(format!("a{i}"))).unwrap();
     }
     assert!(wait_until(VISIBLE, || used(&t.a) == base + 70));
-    let pid = t.a.pid();
-    run_cmd(Command::new(env!("CARGO_BIN_EXE_safs")).args(["sync", t.a.mnt.to_str().unwrap()]))
-        .assert_success("safs sync");
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
-    let _ = run_cmd(Command::new("umount").arg("-l").arg(&t.a.mnt));
-    t.a.mounted = false;
-    assert!(wait_until(Duration::from_secs(10), || !process_alive(pid)));
     // B buries A's session and takes its share into the volume's count.
-    assert!(
-        wait_until(Duration::from_secs(30), || {
-            !safs(["info", vol.to_str().unwrap()])
-                .stdout
-                .contains("(gone")
-        }),
-        "the killed daemon's session is not reclaimed"
-    );
+    t.sync_kill_a_and_wait_for_burial();
     assert_eq!(used(&t.b), base + 70);
     write_file(&t.b.path("after"), b"b");
     assert!(inos.insert(std::fs::metadata(t.b.path("after")).unwrap().ino()));
@@ -1345,21 +1355,7 @@ fn directory_statistics_of_two_mounts_add_up_and_survive_a_killed_daemon() {
         ("", "rbytes", 30_000),
     ];
     both(&t, &after);
-    let pid = t.a.pid();
-    run_cmd(Command::new(env!("CARGO_BIN_EXE_safs")).args(["sync", t.a.mnt.to_str().unwrap()]))
-        .assert_success("safs sync");
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
-    let _ = run_cmd(Command::new("umount").arg("-l").arg(&t.a.mnt));
-    t.a.mounted = false;
-    assert!(wait_until(Duration::from_secs(10), || !process_alive(pid)));
-    assert!(
-        wait_until(Duration::from_secs(30), || {
-            !safs(["info", vol.to_str().unwrap()])
-                .stdout
-                .contains("(gone")
-        }),
-        "the killed daemon's session is not reclaimed"
-    );
+    t.sync_kill_a_and_wait_for_burial();
     agree(&t.b, &after);
     write_file(&t.b.path("top/a/moved/h"), b"seven b");
     t.a = Mount::new(&vol, &t.a.mnt.clone());
