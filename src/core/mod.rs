@@ -822,6 +822,24 @@ impl Fs {
     /// lease): this daemon's own, if one was left, goes on; the others
     /// are counted (and on a shared volume, their blocks are theirs).
     fn load_sessions(&self, st: &mut State) -> Result<()> {
+        let mut found = self.read_sessions()?;
+        let id = self.session_id();
+        st.begin_session(id, found.remove(&id));
+        st.set_others(found);
+        Ok(())
+    }
+
+    /// Other sessions' counters records read again if they changed since
+    /// (see `State::mark_others_stale`).
+    fn fresh_sessions(&self, st: &mut State) -> Result<()> {
+        if st.others_stale() {
+            st.set_others(self.read_sessions()?);
+        }
+        Ok(())
+    }
+
+    /// Every session's counters record, by session id.
+    fn read_sessions(&self) -> Result<std::collections::BTreeMap<u64, SessionCounters>> {
         let mut found = std::collections::BTreeMap::new();
         self.scan_pairs(keys::P_SESSION, |k, v| {
             let malformed = crate::format::FormatError::Malformed("session key");
@@ -832,28 +850,7 @@ impl Fs {
             found.insert(id, rec);
             Ok(())
         })?;
-        let id = self.session_id();
-        st.begin_session(id, found.remove(&id));
-        st.set_others(found);
-        Ok(())
-    }
-
-    /// Other sessions' counters records read again if they changed since
-    /// (see `State::mark_others_stale`).
-    fn fresh_sessions(&self, st: &mut State) -> Result<()> {
-        if !st.others_stale() {
-            return Ok(());
-        }
-        let mut found = std::collections::BTreeMap::new();
-        self.scan_pairs(keys::P_SESSION, |k, v| {
-            if let Some(id) = keys::key_ino(k).filter(|_| k.len() == 9) {
-                let rec = SessionCounters::decode(k, v).map_err(|e| CoreError::corrupt(k, e))?;
-                found.insert(id, rec);
-            }
-            Ok(())
-        })?;
-        st.set_others(found);
-        Ok(())
+        Ok(found)
     }
 
     /// Folds into `N` the shares of the sessions `gone` says are over
