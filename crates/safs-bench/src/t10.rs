@@ -11,13 +11,15 @@
 //! percentile, µs. The polls go through the second mount's kernel, so the
 //! figure includes the invalidations its daemon sends it.
 //!
-//! Then writers at once: `4 × t10_changes` creates by two threads through
-//! the target's mount, and the same by one thread on each of the two
-//! mounts, µs per file (wall time / files). Writers of one volume take
-//! turns (its write lease), so the second row shows what a second mount
-//! costs writers, not a gain.
+//! Then writers at once, each in a directory its mount made: `4 ×
+//! t10_changes` creates by one thread through the target's mount, by two
+//! threads through it, and by one thread on each of the two mounts; then
+//! as many setxattrs on those files, and as many renames within their
+//! directories, the same three ways. µs per operation (wall time /
+//! operations): with two mounts, each owns the inodes it made and changes
+//! them under a keyed lease, at once with the other.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::ops::cpath;
@@ -28,8 +30,24 @@ pub const CREATE_P50: &str = "create → visible p50";
 pub const CREATE_P99: &str = "create → visible p99";
 pub const XATTR_P50: &str = "setxattr → visible p50";
 pub const XATTR_P99: &str = "setxattr → visible p99";
-pub const ONE_MOUNT: &str = "create, 2 writers on one mount";
-pub const TWO_MOUNTS: &str = "create, 1 writer on each of 2 mounts";
+/// The writer rows: each operation, by each set of writers.
+pub const WRITERS: [[&str; 3]; 3] = [
+    [
+        "create, 1 writer on one mount",
+        "create, 2 writers on one mount",
+        "create, 1 writer on each of 2 mounts",
+    ],
+    [
+        "setxattr, 1 writer on one mount",
+        "setxattr, 2 writers on one mount",
+        "setxattr, 1 writer on each of 2 mounts",
+    ],
+    [
+        "rename in a directory, 1 writer on one mount",
+        "rename in a directory, 2 writers on one mount",
+        "rename in a directory, 1 writer on each of 2 mounts",
+    ],
+];
 
 /// Longest a change may take to show before the row is an error.
 const GIVE_UP: Duration = Duration::from_secs(10);
@@ -71,12 +89,11 @@ impl Drop for Second {
 pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
     let (ctx, t) = (s.ctx, s.t);
     let n = ctx.sizes.t10_changes;
-    let mut rows: Vec<_> = [
-        CREATE_P50, CREATE_P99, XATTR_P50, XATTR_P99, ONE_MOUNT, TWO_MOUNTS,
-    ]
-    .iter()
-    .map(|c| s.row(c, None, Unit::UsPerOp))
-    .collect();
+    let mut rows: Vec<_> = [CREATE_P50, CREATE_P99, XATTR_P50, XATTR_P99]
+        .iter()
+        .chain(WRITERS.iter().flatten())
+        .map(|c| s.row(c, None, Unit::UsPerOp))
+        .collect();
     let shared = t
         .safs
         .as_ref()
@@ -107,8 +124,8 @@ pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
     let there = second.mnt.join(rel);
     let (mut creates, mut xattrs) = (Vec::new(), Vec::new());
     let label = s.label(&format!("a change on one mount, seen on the other ×{n}"));
-    let [c50, c99, x50, x99, one, two] = &mut rows[..] else {
-        unreachable!("six rows")
+    let [c50, c99, x50, x99, writer_rows @ ..] = &mut rows[..] else {
+        unreachable!("four rows and the writers'")
     };
     let ok = ctx.phase(t, c50, PhaseSpec::new(&label, n as u64, 1, false), |ctx| {
         let start = Instant::now();
@@ -161,48 +178,69 @@ pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
             r.error = why.clone();
         }
     }
-    // Writers on one mount share its lease; writers on two mounts take
-    // turns with it (one writer at a time per volume).
+    // Each set of writers in directories of its own, made through the
+    // mount that writes there (which then owns them).
     let files = ctx.sizes.t10_changes * 4;
-    for (row, dirs, what) in [
-        (one, [s.dir.join("one-a"), s.dir.join("one-b")], ONE_MOUNT),
-        (two, [s.dir.join("two-a"), there.join("two-b")], TWO_MOUNTS),
-    ] {
-        for d in &dirs {
+    let sets: [Vec<PathBuf>; 3] = [
+        vec![s.dir.join("w1")],
+        vec![s.dir.join("w2a"), s.dir.join("w2b")],
+        vec![s.dir.join("m2a"), there.join("m2b")],
+    ];
+    for set in &sets {
+        for d in set {
             std::fs::create_dir_all(d)?;
         }
-        let label = s.label(&format!("{what} ×{files}"));
-        ctx.phase(
-            t,
-            row,
-            PhaseSpec::new(&label, files as u64, 1, false),
-            |_| {
-                let start = Instant::now();
-                let results: Vec<std::io::Result<()>> = std::thread::scope(|sc| {
-                    let hs: Vec<_> = dirs
-                        .iter()
-                        .map(|d| {
-                            sc.spawn(move || -> std::io::Result<()> {
-                                for i in 0..files / 2 {
-                                    std::fs::File::create(d.join(format!("f{i}")))?;
-                                }
-                                Ok(())
-                            })
-                        })
-                        .collect();
-                    hs.into_iter()
-                        .map(|h| h.join().expect("writer thread"))
-                        .collect()
-                });
-                for r in results {
-                    r.map_err(|e| Fail::Na(format!("create: {e}")))?;
-                }
-                Ok(Timed::of(start.elapsed()))
-            },
-        )?;
+    }
+    for (op, names) in WRITERS.iter().enumerate() {
+        for (w, name) in names.iter().enumerate() {
+            let row = &mut writer_rows[op * 3 + w];
+            let dirs = &sets[w];
+            let label = s.label(&format!("{name} ×{files}"));
+            ctx.phase(
+                t,
+                row,
+                PhaseSpec::new(&label, files as u64, 1, false),
+                |_| {
+                    let start = Instant::now();
+                    let each = files / dirs.len();
+                    let results: Vec<std::io::Result<()>> = std::thread::scope(|sc| {
+                        let hs: Vec<_> = dirs
+                            .iter()
+                            .map(|d| sc.spawn(move || writer(op, d, each)))
+                            .collect();
+                        hs.into_iter()
+                            .map(|h| h.join().expect("writer thread"))
+                            .collect()
+                    });
+                    for r in results {
+                        r.map_err(|e| Fail::Na(format!("{name}: {e}")))?;
+                    }
+                    Ok(Timed::of(start.elapsed()))
+                },
+            )?;
+        }
     }
     drop(second);
     s.done(rows);
+    Ok(())
+}
+
+/// One writer's part: `n` creates of `f<i>` in `d` (op 0), setxattrs on
+/// them (1), or renames of `f<i>` to `g<i>` (2).
+fn writer(op: usize, d: &Path, n: usize) -> std::io::Result<()> {
+    for i in 0..n {
+        let f = d.join(format!("f{i}"));
+        match op {
+            0 => drop(std::fs::File::create(&f)?),
+            1 => rustix::fs::setxattr(
+                cpath(&f),
+                "user.t10",
+                b"writer",
+                rustix::fs::XattrFlags::empty(),
+            )?,
+            _ => std::fs::rename(&f, d.join(format!("g{i}")))?,
+        }
+    }
     Ok(())
 }
 

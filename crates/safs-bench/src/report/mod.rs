@@ -534,10 +534,11 @@ fn sizes_line(test: Test, z: &crate::config::Sizes) -> String {
         Test::T10 => format!(
             "{} creates and {} xattr changes through the target's mount, each polled for \
              through a second mount of the same volume (a second daemon); µs from the call \
-             to the first poll that sees it. Then {} creates by two writers on the target's \
-             mount, and by one writer on each of the two mounts (µs per file; writers of one \
-             volume take turns). Only volumes several daemons serve (safs on PostgreSQL); n/a \
-             elsewhere.",
+             to the first poll that sees it. Then {} creates, as many setxattrs and as many \
+             renames within a directory, each by one writer on the target's mount, by two \
+             writers on it, and by one writer on each of the two mounts, every writer in a \
+             directory its mount made (µs per operation). Only volumes several daemons serve \
+             (safs on PostgreSQL); n/a elsewhere.",
             z.t10_changes,
             z.t10_changes,
             z.t10_changes * 4
