@@ -1369,3 +1369,100 @@ fn directory_statistics_of_two_mounts_add_up_and_survive_a_killed_daemon() {
     );
     t.unmount_and_fsck();
 }
+
+/// The write lease's figures of the daemon serving `m` (`safs info
+/// --json`): times taken, and of them whole-volume takes.
+fn lease_takes(m: &Mount) -> (u64, u64) {
+    let out = safs(["info".as_ref(), "--json".as_ref(), m.mnt.as_os_str()]);
+    out.assert_success("safs info --json");
+    let stats: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let l = &stats["lease"];
+    (
+        l["takes"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{}", out.stdout)),
+        l["whole_takes"].as_u64().unwrap(),
+    )
+}
+
+/// Each mount owns the inodes it made: writers in directories of their
+/// own change them under keyed leases, at once, with no whole-volume
+/// lease taken on either side; a change to an inode the other mount owns
+/// takes the whole lease, and both go on after it. Everything shows on
+/// both mounts, and fsck is clean.
+#[test]
+fn writers_on_two_mounts_in_their_own_directories_go_at_once() {
+    let mut t = two_mounts();
+    std::fs::create_dir(t.a.path("da")).unwrap();
+    std::fs::create_dir(t.b.path("db")).unwrap();
+    let before = [lease_takes(&t.a), lease_takes(&t.b)];
+    const FILES: usize = 300;
+    std::thread::scope(|s| {
+        for (m, d) in [(&t.a, "da"), (&t.b, "db")] {
+            let dir = m.path(d);
+            s.spawn(move || {
+                for i in 0..FILES {
+                    let p = dir.join(format!("f{i}"));
+                    std::fs::write(&p, format!("{d} {i}")).unwrap();
+                    setxattr(&p, "user.n", i.to_string().as_bytes(), 0).unwrap();
+                    if i % 2 == 0 {
+                        std::fs::set_permissions(
+                            &p,
+                            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+                        )
+                        .unwrap();
+                    }
+                }
+            });
+        }
+    });
+    let after = [lease_takes(&t.a), lease_takes(&t.b)];
+    eprintln!("lease takes before {before:?} after {after:?}");
+    for (who, (b, a)) in ["A", "B"].iter().zip(before.iter().zip(after.iter())) {
+        assert!(a.0 > b.0, "{who} took no lease at all: {b:?} → {a:?}");
+        assert_eq!(
+            a.1, b.1,
+            "{who} took the whole volume's lease: {b:?} → {a:?}"
+        );
+    }
+    // A change in the other mount's directory: the whole lease, then
+    // both go on keyed.
+    std::fs::write(t.a.path("db/from-a"), b"x").unwrap();
+    std::fs::write(t.b.path("db/f-after"), b"y").unwrap();
+    std::fs::write(t.a.path("da/f-after"), b"z").unwrap();
+    assert!(
+        lease_takes(&t.a).1 > after[0].1,
+        "A's change in B's directory took no whole lease"
+    );
+    for (m, other) in [(&t.a, &t.b), (&t.b, &t.a)] {
+        for d in ["da", "db"] {
+            for i in [0, FILES / 2, FILES - 1] {
+                let p = format!("{d}/f{i}");
+                assert!(
+                    wait_until(VISIBLE, || std::fs::read(m.path(&p)).ok()
+                        == Some(format!("{d} {i}").into_bytes())),
+                    "{p} through {}",
+                    m.mnt.display()
+                );
+                assert!(
+                    wait_until(VISIBLE, || getxattr(&other.path(&p), "user.n").ok()
+                        == Some(i.to_string().into_bytes())),
+                    "user.n of {p} through {}",
+                    other.mnt.display()
+                );
+            }
+        }
+        assert!(wait_until(VISIBLE, || m.path("db/from-a").exists()
+            && m.path("db/f-after").exists()
+            && m.path("da/f-after").exists()));
+        assert!(wait_until(VISIBLE, || std::fs::read_dir(m.path("da"))
+            .unwrap()
+            .count()
+            == FILES + 1));
+        assert!(wait_until(VISIBLE, || std::fs::read_dir(m.path("db"))
+            .unwrap()
+            .count()
+            == FILES + 2));
+    }
+    t.unmount_and_fsck();
+}
