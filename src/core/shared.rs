@@ -211,7 +211,7 @@ impl Fs {
                 return Ok(());
             }
             drop(st);
-            let _lease = self.store.lease_for(&[ino])?;
+            let _lease = self.store.lease()?;
             let mut st = self.state.lock();
             return self.maybe_free(&mut st, ino);
         }
@@ -225,11 +225,10 @@ impl Fs {
         if !self.is_shared() {
             return;
         }
-        let inos: Vec<u64> = self.state.lock().atimes_due().iter().map(|a| a.0).collect();
-        if inos.is_empty() {
+        if self.state.lock().atimes_due().is_empty() {
             return;
         }
-        let lease = match self.store.lease_for(&inos) {
+        let lease = match self.store.lease() {
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot update access times");
@@ -237,14 +236,7 @@ impl Fs {
             }
         };
         let mut st = self.state.lock();
-        // Under a keyed lease, only those of the inodes it was taken for
-        // (more may have come since); the rest wait for the next flush.
-        let due = std::mem::take(st.atimes_due());
-        let (now, later): (Vec<_>, Vec<_>) = due
-            .into_iter()
-            .partition(|(ino, _)| !lease.keyed() || inos.contains(ino));
-        *st.atimes_due() = later;
-        for (ino, at) in now {
+        for (ino, at) in std::mem::take(st.atimes_due()) {
             if let Err(e) = self.touch_atime_now(&mut st, ino, at) {
                 if !matches!(e, CoreError::NotFound) {
                     tracing::warn!(ino, error = %e, "cannot update an access time");

@@ -155,13 +155,6 @@ pub struct LeaseGuard<'a> {
     keyed: bool,
 }
 
-impl LeaseGuard<'_> {
-    /// Whether only inodes this daemon owns may change under it.
-    pub fn keyed(&self) -> bool {
-        self.keyed
-    }
-}
-
 impl Drop for LeaseGuard<'_> {
     fn drop(&mut self) {
         if let Some(store) = self.store {
@@ -790,38 +783,6 @@ impl Store {
         self.apply_with(writes, unlink)
     }
 
-    /// Under a keyed lease an operation may change only records of inodes
-    /// this daemon owns (and its session's own): anything else is a bug,
-    /// named here by its key, whose batch the engine will refuse.
-    fn check_keyed(&self, writes: &[Write]) {
-        use crate::format::keys::{Scope, scope};
-        let Some(shared) = self.engine.shared() else {
-            return;
-        };
-        {
-            let l = self.lease.lock();
-            if !(l.held && l.mode == Some(LeaseMode::Keyed)) {
-                return;
-            }
-        }
-        let me = shared.session_id();
-        for (k, _) in writes {
-            let ok = match scope(k) {
-                Scope::Volume => false,
-                Scope::Session(s) => s == me,
-                Scope::Share { dir, session } => session == me || shared.owns(dir),
-                Scope::Inode(i) => shared.owns(i),
-            };
-            if !ok {
-                tracing::error!(key = ?String::from_utf8_lossy(k), "INTERNAL ERROR: a change outside this daemon's inodes under a keyed lease");
-                debug_assert!(
-                    false,
-                    "a change outside this daemon's inodes under a keyed lease"
-                );
-            }
-        }
-    }
-
     /// The path goes into the pending state under the same hold of the
     /// overlay lock as the writes: the committer takes both at once, so the
     /// file goes with the batch that frees it. (Pushed after letting go, it
@@ -834,7 +795,6 @@ impl Store {
             tracing::error!("INTERNAL ERROR: a change applied without the write lease");
             debug_assert!(false, "a change applied without the write lease");
         }
-        self.check_keyed(&writes);
         let mut ov = self.overlay.lock();
         if self.deferred.swap(false, Ordering::SeqCst) {
             ov.unflushed = true;

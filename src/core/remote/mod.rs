@@ -509,7 +509,7 @@ fn doom(meta: &Store, ino: u64, objects: &[(u32, u64)]) {
     if objects.is_empty() {
         return;
     }
-    match meta.lease_for(&[ino]) {
+    match meta.lease() {
         Ok(_lease) => {
             meta.apply(doomed_writes(ino, objects));
         }
@@ -1042,7 +1042,7 @@ impl Fs {
             r.bare.lock().remove(&ino);
         }
         let seq = {
-            let _t = self.writable_for(&[ino])?;
+            let _t = self.writable()?;
             // Another node's commit since the map was read dropped it from
             // `maps` (the lease catches up first); one node alone never
             // races itself (uploads of a file take its stripe).
@@ -1337,7 +1337,7 @@ impl Fs {
         let map = self.block_map(ino)?;
         let size = self.data.plain_size(map_len(&map));
         let seq = {
-            let _t = self.writable_for(&[ino])?;
+            let _t = self.writable()?;
             let mut st = self.state.lock();
             match self.load_opt(&mut st, ino)? {
                 Some(c) if c.inode.size != size => {
