@@ -155,7 +155,6 @@ pub fn stats_reply(fs: &Fs, stats: &Stats) -> StatsReply {
         store: fs.store_figures(),
         lease: fs.lease_figures().map(|l| safs_control::LeaseReport {
             takes: l.takes,
-            whole_takes: l.whole_takes,
             wait_ns: l.wait_ns,
         }),
         hist_bounds_us: (0..safs_control::BUCKETS)

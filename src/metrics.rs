@@ -274,14 +274,6 @@ pub fn render(s: &StatsReply) -> String {
         );
         sample(
             o,
-            "safs_lease_whole_takes_total",
-            "counter",
-            "Of them, takes of the whole volume's lease (the others were keyed: \
-             shared with other daemons changing inodes they own).",
-            l.whole_takes,
-        );
-        sample(
-            o,
             "safs_lease_wait_seconds_total",
             "counter",
             "Time operations waited for the write lease, summed.",

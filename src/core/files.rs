@@ -58,7 +58,7 @@ impl Fs {
     pub fn open_as(&self, ctx: &Ctx, ino: Ino, mode: OpenMode) -> Result<Arc<Handle>> {
         let ino = ino.0;
         let _space = if mode.write || mode.truncate {
-            Some(self.writable_for(&[ino])?)
+            Some(self.writable()?)
         } else {
             None
         };
@@ -356,7 +356,7 @@ impl Fs {
         }
         // A writer's close records the size: a change, under the lease.
         let _lease = if h.writable {
-            Some(self.store.lease_for(&[h.ino.0])?)
+            Some(self.store.lease()?)
         } else {
             None
         };
@@ -499,7 +499,7 @@ impl Fs {
         if !h.writable {
             return Ok(());
         }
-        let _lease = self.store.lease_for(&[h.ino.0])?;
+        let _lease = self.store.lease()?;
         let mut st = self.state.lock();
         let meta = h.file.metadata()?;
         // Gone through another mount: the contents are durable, nothing
@@ -532,7 +532,7 @@ impl Fs {
         mode: i32,
     ) -> Result<bool> {
         let h = self.handle(fh)?;
-        let _space = self.writable_for(&[h.ino.0])?;
+        let _space = self.writable()?;
         if mode & libc::FALLOC_FL_KEEP_SIZE == 0 {
             let mut st = self.state.lock();
             let inode = self.inode(&mut st, h.ino.0)?;

@@ -995,24 +995,6 @@ impl Fs {
         self.store.admit(Admit::Change)
     }
 
-    /// [`Fs::writable`] for a change to the records of `inos` alone (and of
-    /// an inode it makes): on a shared volume, under a keyed lease if this
-    /// daemon owns them all, going at once with other daemons' changes.
-    fn writable_for(&self, inos: &[u64]) -> Result<Ticket<'_>> {
-        if self.opts.read_only {
-            return Err(CoreError::ReadOnly);
-        }
-        self.store.admit_for(Admit::Change, inos)
-    }
-
-    /// [`Fs::removable`] for a removal of records of `inos` alone.
-    fn removable_for(&self, inos: &[u64]) -> Result<Ticket<'_>> {
-        if self.opts.read_only {
-            return Err(CoreError::ReadOnly);
-        }
-        self.store.admit_for(Admit::Removal, inos)
-    }
-
     /// [`Fs::writable`] for a removal, which may use the space kept back
     /// from other changes: removing must work on a full disk.
     fn removable(&self) -> Result<Ticket<'_>> {

@@ -370,7 +370,7 @@ impl Fs {
         if set.size.is_some() {
             self.fetch(ino)?;
         }
-        let _space = self.writable_for(&[ino])?;
+        let _space = self.writable()?;
         let mut st = self.state.lock();
         while set.size.is_some() && self.evicted(ino) {
             // Dropped from the cache since the fetch.
@@ -499,7 +499,7 @@ impl Fs {
         }
         // The caller's groups, read before the lock.
         ctx.load();
-        let _space = self.writable_for(&[ino])?;
+        let _space = self.writable()?;
         let mut st = self.state.lock();
         let mut inode = self.inode(&mut st, ino)?;
         let kill = super::files::set_ids_dropped(ctx, inode.mode, inode.gid);
@@ -572,30 +572,7 @@ impl Fs {
         target: Option<&[u8]>,
         open: Option<super::OpenMode>,
     ) -> Result<(Attr, Option<std::sync::Arc<super::Handle>>)> {
-        self.make_node_under(ctx, parent, name, mode, umask, rdev, target, open, false)
-    }
-
-    /// [`Fs::make_node_opened`] under a keyed lease where it can be, else
-    /// (`whole`, or the daemon's block of inode numbers used up) the
-    /// whole volume's.
-    #[allow(clippy::too_many_arguments)]
-    fn make_node_under(
-        &self,
-        ctx: &Ctx,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        umask: u32,
-        rdev: u32,
-        target: Option<&[u8]>,
-        open: Option<super::OpenMode>,
-        whole: bool,
-    ) -> Result<(Attr, Option<std::sync::Arc<super::Handle>>)> {
-        let _space = if whole {
-            self.writable()?
-        } else {
-            self.writable_for(&[parent])?
-        };
+        let _space = self.writable()?;
         check_name(name)?;
         if let Some(t) = target {
             if t.is_empty() {
@@ -610,12 +587,6 @@ impl Fs {
             ctx.load();
         }
         let mut st = self.state.lock();
-        if _space.keyed() && st.block_used_up() {
-            // Reserving a block changes the volume's counters.
-            drop(st);
-            drop(_space);
-            return self.make_node_under(ctx, parent, name, mode, umask, rdev, target, open, true);
-        }
         let mut work = Work::new();
         let p = self.w_get(&mut st, &mut work, parent)?.clone();
         if !p.is_dir() {
@@ -739,7 +710,6 @@ impl Fs {
         };
         let taken = st.take_ino();
         debug_assert_eq!(taken, ino, "inode numbers are taken under the lock");
-        self.store.adopt(ino);
         self.put_counters(&mut st, &mut work.writes);
         if let Err(e) = self.w_finish(&mut st, work) {
             // Refused before anything was applied (a quota the check above
@@ -769,7 +739,7 @@ impl Fs {
 
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
         let (ino, newparent) = (ino.0, newparent.0);
-        let _space = self.writable_for(&[ino, newparent])?;
+        let _space = self.writable()?;
         check_name(newname)?;
         let mut st = self.state.lock();
         let mut work = Work::new();
@@ -826,21 +796,10 @@ impl Fs {
     }
 
     fn remove(&self, parent: u64, name: &[u8], dir: bool) -> Result<()> {
-        self.remove_under(parent, name, dir, false)
-    }
-
-    /// [`Fs::remove`] under a keyed lease where this daemon owns the
-    /// directory and the inode the name names, else (`whole`) the whole
-    /// volume's.
-    fn remove_under(&self, parent: u64, name: &[u8], dir: bool, whole: bool) -> Result<()> {
         if name.len() > crate::format::NAME_MAX {
             return Err(CoreError::NameTooLong);
         }
-        let _space = if whole {
-            self.removable()?
-        } else {
-            self.removable_for(&[parent])?
-        };
+        let _space = self.removable()?;
         let mut st = self.state.lock();
         let mut work = Work::new();
         if !self.w_get(&mut st, &mut work, parent)?.is_dir() {
@@ -849,11 +808,6 @@ impl Fs {
         let d = self
             .dirent(&mut st, parent, name)?
             .ok_or(CoreError::NotFound)?;
-        if _space.keyed() && !self.store.owns(d.ino) {
-            drop(st);
-            drop(_space);
-            return self.remove_under(parent, name, dir, true);
-        }
         let child_is_dir = u32::from(d.kind) << 12 == S_IFDIR;
         match (dir, child_is_dir) {
             (true, false) => return Err(CoreError::NotDir),
@@ -888,37 +842,8 @@ impl Fs {
         newname: &[u8],
         flags: RenameFlags,
     ) -> Result<()> {
-        self.rename_under(
-            ctx,
-            parent.0,
-            name,
-            newparent.0,
-            newname,
-            flags,
-            flags.whiteout,
-        )
-    }
-
-    /// [`Fs::rename`] under a keyed lease where this daemon owns both
-    /// directories and the inodes both names name, and no directory moves
-    /// to another parent (its cycle check reads every ancestor); else
-    /// (`whole`) under the whole volume's.
-    #[allow(clippy::too_many_arguments)]
-    fn rename_under(
-        &self,
-        ctx: &Ctx,
-        parent: u64,
-        name: &[u8],
-        newparent: u64,
-        newname: &[u8],
-        flags: RenameFlags,
-        whole: bool,
-    ) -> Result<()> {
-        let _space = if whole {
-            self.writable()?
-        } else {
-            self.writable_for(&[parent, newparent])?
-        };
+        let (parent, newparent) = (parent.0, newparent.0);
+        let _space = self.writable()?;
         check_name(newname)?;
         if name.len() > crate::format::NAME_MAX {
             return Err(CoreError::NameTooLong);
@@ -938,16 +863,6 @@ impl Fs {
             .ok_or(CoreError::NotFound)?;
         let dst = self.dirent(&mut st, newparent, newname)?;
         let is_dir = |k: u8| u32::from(k) << 12 == S_IFDIR;
-        if _space.keyed()
-            && !(self.store.owns(src.ino)
-                && dst.as_ref().is_none_or(|d| self.store.owns(d.ino))
-                && (parent == newparent
-                    || !(is_dir(src.kind) || dst.as_ref().is_some_and(|d| is_dir(d.kind)))))
-        {
-            drop(st);
-            drop(_space);
-            return self.rename_under(ctx, parent, name, newparent, newname, flags, true);
-        }
         // A directory cannot move under itself. The kernel checks this for
         // its own mount; another daemon of a shared volume may have moved
         // things since this kernel looked, so the daemon checks too.

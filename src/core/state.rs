@@ -451,12 +451,6 @@ impl State {
         }
     }
 
-    /// Whether the next new inode needs a new block (a change to the
-    /// volume's counters).
-    pub fn block_used_up(&self) -> bool {
-        self.session.next >= self.session.own.end
-    }
-
     /// Takes [`State::next_ino`] for a new inode, reserving a new block
     /// first when this session's is used up.
     pub fn take_ino(&mut self) -> u64 {

@@ -82,7 +82,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::error::{CoreError, Result};
-use crate::meta::{Changes, Followed, FollowedWith, LeaseMode, MetaError, MetaStore, Write};
+use crate::meta::{Changes, Followed, FollowedWith, MetaError, MetaStore, Write};
 
 type Map = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
@@ -139,20 +139,12 @@ struct Lease {
     /// never landed, and must all go before anything is served from them
     /// again (at the next lease, or the next doorbell, whichever first).
     reset: bool,
-    /// How it is held (valid while `held`).
-    mode: Option<LeaseMode>,
-    /// Operations waiting for the whole volume's lease: keyed ones let
-    /// them go first, so that a stream of keyed ones cannot starve them.
-    whole_waiting: u32,
 }
 
 /// What a caller holds while an operation runs under the write lease.
 #[must_use]
 pub struct LeaseGuard<'a> {
     store: Option<&'a Store>,
-    /// Held keyed (see [`LeaseMode::Keyed`]): only inodes this daemon
-    /// owns may change under it.
-    keyed: bool,
 }
 
 impl Drop for LeaseGuard<'_> {
@@ -282,13 +274,6 @@ pub struct Ticket<'a> {
     _lease: LeaseGuard<'a>,
 }
 
-impl Ticket<'_> {
-    /// Whether only inodes this daemon owns may change under it.
-    pub fn keyed(&self) -> bool {
-        self._lease.keyed
-    }
-}
-
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
         let mut ov = self.store.overlay.lock();
@@ -350,8 +335,6 @@ pub struct Store {
     lease_moved: Condvar,
     /// Times the lease was taken, and time operations waited for it (ns).
     lease_takes: std::sync::atomic::AtomicU64,
-    /// Of them, takes of the whole volume's lease.
-    whole_takes: std::sync::atomic::AtomicU64,
     lease_wait_ns: std::sync::atomic::AtomicU64,
     /// When the lease was last found idle (ns since `born`, 0: not
     /// lingering): the committer gives it back [`LEASE_LINGER`] later.
@@ -382,8 +365,6 @@ pub type Flusher = Box<dyn Fn(&mut dyn FnMut(Vec<Write>)) -> bool + Send + Sync>
 pub struct LeaseFigures {
     /// Times this daemon took the lease (each catches up with the others).
     pub takes: u64,
-    /// Of them, takes of the whole volume's (the others were keyed).
-    pub whole_takes: u64,
     /// Time operations waited for it, summed: while another daemon held
     /// it, or while this one took it.
     pub wait_ns: u64,
@@ -451,7 +432,6 @@ impl Store {
             lease: Mutex::new(Lease::default()),
             lease_moved: Condvar::new(),
             lease_takes: std::sync::atomic::AtomicU64::new(0),
-            whole_takes: std::sync::atomic::AtomicU64::new(0),
             lease_wait_ns: std::sync::atomic::AtomicU64::new(0),
             linger_since: std::sync::atomic::AtomicU64::new(0),
             async_commit: AtomicBool::new(false),
@@ -488,7 +468,6 @@ impl Store {
         self.engine.shared()?;
         Some(LeaseFigures {
             takes: self.lease_takes.load(Relaxed),
-            whole_takes: self.whole_takes.load(Relaxed),
             wait_ns: self.lease_wait_ns.load(Relaxed),
         })
     }
@@ -891,16 +870,7 @@ impl Store {
     /// the module comment). Hold the ticket until the operation's writes
     /// are applied.
     pub fn admit(&self, kind: Admit) -> Result<Ticket<'_>> {
-        self.admit_under(kind, self.lease()?)
-    }
-
-    /// [`Store::admit`] for an operation that changes only the records of
-    /// `inos` (see [`Store::lease_for`]).
-    pub fn admit_for(&self, kind: Admit, inos: &[u64]) -> Result<Ticket<'_>> {
-        self.admit_under(kind, self.lease_for(inos)?)
-    }
-
-    fn admit_under<'a>(&'a self, kind: Admit, lease: LeaseGuard<'a>) -> Result<Ticket<'a>> {
+        let lease = self.lease()?;
         let Some(h) = self.hold else {
             return Ok(Ticket {
                 store: self,
@@ -985,55 +955,14 @@ impl Store {
     /// Call it before reading anything the change depends on, and without
     /// the core's state lock (catching up takes it).
     pub fn lease(&self) -> Result<LeaseGuard<'_>> {
-        self.lease_as(LeaseMode::Whole)
-    }
-
-    /// [`Store::lease`] for an operation that changes only the records
-    /// of `inos` (and, for a create, of the inode it makes): keyed if this
-    /// daemon owns them all, so that it goes at once with other daemons'
-    /// changes to inodes they own; else the whole volume's.
-    pub fn lease_for(&self, inos: &[u64]) -> Result<LeaseGuard<'_>> {
-        let keyed = self
-            .engine
-            .shared()
-            .is_some_and(|s| inos.iter().all(|&i| s.owns(i)));
-        self.lease_as(if keyed {
-            LeaseMode::Keyed
-        } else {
-            LeaseMode::Whole
-        })
-    }
-
-    /// Whether this daemon owns `ino`'s lease (shared volumes): a change
-    /// to it may go under a keyed lease.
-    pub fn owns(&self, ino: u64) -> bool {
-        self.engine.shared().is_some_and(|s| s.owns(ino))
-    }
-
-    /// `ino` was just made here: this daemon owns its lease.
-    pub fn adopt(&self, ino: u64) {
-        if let Some(s) = self.engine.shared() {
-            s.adopt(ino);
-        }
-    }
-
-    fn lease_as(&self, mode: LeaseMode) -> Result<LeaseGuard<'_>> {
         let Some(shared) = self.engine.shared() else {
-            return Ok(LeaseGuard {
-                store: None,
-                keyed: false,
-            });
+            return Ok(LeaseGuard { store: None });
         };
         let mut l = self.lease.lock();
         // Set once this call had to wait for the lease or take it.
         let mut waited: Option<Instant> = None;
-        let whole = mode == LeaseMode::Whole;
-        let mut counted = false;
-        let result = loop {
-            // Held in a way that serves this operation: the whole volume's
-            // serves every one.
-            let serves = l.mode == Some(LeaseMode::Whole) || !whole;
-            if l.held && !l.draining && serves && (whole || l.whole_waiting == 0) {
+        loop {
+            if l.held && !l.draining {
                 if l.since.is_some_and(|t| t.elapsed() >= LEASE_TURN) && !shared.lease_wanted() {
                     // Nobody waits for it: another turn, with no drain (a
                     // daemon alone on its volume pays no hand-over).
@@ -1041,7 +970,13 @@ impl Store {
                 }
                 if l.since.is_some_and(|t| t.elapsed() >= LEASE_TURN) {
                     // Its turn is over: commit what ran, then give it back.
-                    self.drain(l);
+                    l.draining = true;
+                    let mut ov = self.overlay.lock();
+                    ov.urgent = true;
+                    self.work.notify_one();
+                    drop(ov);
+                    drop(l);
+                    self.maybe_release();
                     l = self.lease.lock();
                     continue;
                 }
@@ -1053,31 +988,17 @@ impl Store {
                     self.lease_wait_ns
                         .fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
                 }
-                break Ok(LeaseGuard {
-                    store: Some(self),
-                    keyed: l.mode == Some(LeaseMode::Keyed),
-                });
+                return Ok(LeaseGuard { store: Some(self) });
             }
             waited.get_or_insert_with(Instant::now);
-            if whole && !counted {
-                l.whole_waiting += 1;
-                counted = true;
-            }
-            if l.held && !l.draining && !serves {
-                // Held keyed, wanted whole: what runs under it ends and is
-                // committed, then it goes, and the whole lease is taken.
-                self.drain(l);
-                l = self.lease.lock();
-                continue;
-            }
-            if l.held || l.moving || (!whole && l.whole_waiting > 0) {
+            if l.held || l.moving {
                 self.lease_moved.wait(&mut l);
                 continue;
             }
             l.moving = true;
             let (seen, reset) = (l.seen, std::mem::take(&mut l.reset));
             drop(l);
-            let res = shared.lease(seen, mode).map(|ch| {
+            let res = shared.lease(seen).map(|ch| {
                 if reset {
                     self.changed(&Changes {
                         epoch: ch.epoch,
@@ -1096,37 +1017,15 @@ impl Store {
                 Err(e) => {
                     // Still owed to the next taker.
                     l.reset |= reset;
-                    break Err(e.into());
+                    return Err(e.into());
                 }
             };
             l.held = true;
-            l.mode = Some(mode);
             l.since = Some(Instant::now());
             l.seen = l.seen.max(epoch);
             self.lease_takes
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if whole {
-                self.whole_takes
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-        };
-        if counted {
-            l.whole_waiting -= 1;
-            self.lease_moved.notify_all();
         }
-        result
-    }
-
-    /// Ends the lease's hold: no new operation starts under it, what ran
-    /// is committed at once, and it goes back.
-    fn drain(&self, mut l: parking_lot::MutexGuard<'_, Lease>) {
-        l.draining = true;
-        let mut ov = self.overlay.lock();
-        ov.urgent = true;
-        self.work.notify_one();
-        drop(ov);
-        drop(l);
-        self.maybe_release();
     }
 
     /// The doorbell rang: another daemon committed up to `epoch`. Catches
@@ -1143,9 +1042,8 @@ impl Store {
                 self.changed(&Changes { epoch, keys: None });
                 l = self.lease.lock();
             }
-            // Under the whole lease nobody else commits; the lease caught
-            // up. Under a keyed one, others commit too.
-            if l.seen >= epoch || (l.held && l.mode == Some(LeaseMode::Whole)) {
+            // Under the lease nobody else commits; the lease caught up.
+            if l.seen >= epoch || l.held {
                 return;
             }
             l.seen
@@ -1583,13 +1481,9 @@ impl Store {
             // doorbell must not be taken for another daemon's change. Noted
             // while the lease is still held (the doorbell may ring first:
             // it is ignored while the lease is held).
-            // Under a keyed lease other daemons commit too: what this
-            // daemon saw moves only when its commit came right after it.
             if let (Ok(()), Some(e)) = (&res, self.engine.shared().and_then(|s| s.reached())) {
                 let mut l = self.lease.lock();
-                if l.mode == Some(LeaseMode::Whole) || e == l.seen + 1 {
-                    l.seen = l.seen.max(e);
-                }
+                l.seen = l.seen.max(e);
             }
             if res.is_ok() {
                 // In the engine: the lease may go round now (its next
@@ -2596,11 +2490,7 @@ mod tests {
     }
 
     impl crate::meta::Shared for Shared2 {
-        fn lease(
-            &self,
-            seen: u64,
-            _mode: crate::meta::LeaseMode,
-        ) -> std::result::Result<Changes, MetaError> {
+        fn lease(&self, seen: u64) -> std::result::Result<Changes, MetaError> {
             let ch = self.log_since(seen);
             self.mine.store(ch.epoch as i64, Ordering::SeqCst);
             Ok(ch)

@@ -281,7 +281,7 @@ impl Fs {
         if flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 {
             return Err(CoreError::Invalid);
         }
-        let _space = self.writable_for(&[ino])?;
+        let _space = self.writable()?;
         if name == acl::ACCESS {
             // The set-group-ID rule below may need the caller's groups.
             ctx.load();
@@ -340,7 +340,7 @@ impl Fs {
         }
         let ino = ino.0;
         check_name(name)?;
-        let _space = self.removable_for(&[ino])?;
+        let _space = self.removable()?;
         let mut st = self.state.lock();
         let mut inode = self.inode(&mut st, ino)?;
         let mut w = Vec::new();

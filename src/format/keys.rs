@@ -100,43 +100,6 @@ pub fn share_session(key: &[u8]) -> Option<u64> {
         .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")))
 }
 
-/// Whose lease a record falls under, on volumes several daemons serve
-/// (see `docs/multi-mount.md`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scope {
-    /// A record of the whole volume (superblock, counters, mount state):
-    /// changed only under the whole volume's lease.
-    Volume,
-    /// A record only session `session` writes (its counters).
-    Session(u64),
-    /// Session `session`'s share of directory `dir`'s statistics: written
-    /// by that session, folded or removed by the directory's owner.
-    Share { dir: u64, session: u64 },
-    /// A record of inode `ino`: its attributes, xattrs, entries if it is a
-    /// directory, contents' blocks, its orphan marker.
-    Inode(u64),
-}
-
-/// The [`Scope`] of `key`.
-pub fn scope(key: &[u8]) -> Scope {
-    let ino = || {
-        key.get(1..9)
-            .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")))
-    };
-    match key.first() {
-        Some(&P_SESSION) => ino().map_or(Scope::Volume, Scope::Session),
-        Some(&P_SHARE) => match (share_session(key), ino()) {
-            (Some(session), Some(dir)) => Scope::Share { dir, session },
-            _ => Scope::Volume,
-        },
-        Some(
-            &P_INODE | &P_SPILL | &P_OVERFLOW | &P_DIRENT | &P_DIRINDEX | &P_SYMLINK | &P_ORPHAN
-            | &P_WRITING | &P_BLOCK | &P_DOOMED,
-        ) => ino().map_or(Scope::Volume, Scope::Inode),
-        _ => Scope::Volume,
-    }
-}
-
 /// The counters of session `id` (0 on volumes one daemon serves).
 pub fn session(id: u64) -> [u8; 9] {
     ino_key(P_SESSION, id)

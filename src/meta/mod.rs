@@ -585,31 +585,19 @@ pub trait MetaStore: MetaRead + Send + Sync + 'static {
 /// keeps that far back (then everything cached must go).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Changes {
-    /// The newest epoch of the volume; `keys` are those other daemons'
-    /// commits since the one asked about wrote.
     pub epoch: u64,
     pub keys: Option<Vec<Vec<u8>>>,
 }
 
 /// An engine several daemons serve at once (see `docs/multi-mount.md`).
-/// A daemon changes metadata only while it holds the volume's write lease
-/// — keyed, shared with other daemons, for changes to inodes it owns;
-/// whole, alone, for any other — catches up with every commit made before
-/// it got it (so that what it caches is current while it holds it), and
-/// its commits check that the lease still holds (so that a lease lost with
-/// a connection cannot lose another daemon's update).
+/// Writers take turns: a daemon changes metadata only while it holds the
+/// volume's write lease, catches up with every commit made before it got
+/// it (so that what it caches is current while it holds it), and its
+/// commits check that no other commit came in between (so that a lease
+/// lost with a connection cannot lose another daemon's update).
 pub trait Shared: Send + Sync {
-    /// Waits for the write lease in `mode`; returns what other daemons
-    /// changed since `seen`.
-    fn lease(&self, seen: u64, mode: LeaseMode) -> Result<Changes, MetaError>;
-    /// An inode this daemon just made: it owns its lease from birth (the
-    /// commit that makes it records it).
-    fn adopt(&self, _ino: u64) {}
-    /// Whether this daemon owns `ino`'s lease: changes to its records
-    /// need no exclusive lease then.
-    fn owns(&self, _ino: u64) -> bool {
-        false
-    }
+    /// Waits for the write lease; returns what changed since `seen`.
+    fn lease(&self, seen: u64) -> Result<Changes, MetaError>;
     /// Gives the lease back (every commit made under it has returned);
     /// returns the epoch its last commit reached.
     fn release(&self) -> u64;
@@ -619,8 +607,7 @@ pub trait Shared: Send + Sync {
     fn lease_wanted(&self) -> bool {
         true
     }
-    /// The epoch the last commit under the lease held now made (under a
-    /// keyed lease, other daemons' commits may come before and after it).
+    /// The epoch the commits under the lease held now have reached.
     fn reached(&self) -> Option<u64>;
     /// Ends this daemon's session cleanly: its row goes (a row left behind
     /// is a daemon that died), its doorbell stops.
@@ -660,18 +647,6 @@ pub trait Shared: Send + Sync {
     /// Calls `ring` each time some daemon drops or narrows a lock (or one
     /// dies), from the doorbell's thread: waiters try again.
     fn on_locks_changed(&self, ring: Box<dyn Fn() + Send + Sync>);
-}
-
-/// How a shared volume's write lease is held (see `docs/multi-mount.md`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LeaseMode {
-    /// Shared with other daemons: changes only to inodes this daemon owns
-    /// (their records, entries and xattrs), so that daemons that own
-    /// different inodes change them at once.
-    Keyed,
-    /// The volume alone: any change (it may touch inodes others own, or
-    /// records of the whole volume such as its counters).
-    Whole,
 }
 
 /// A lock's kind, as `fcntl` names them.

@@ -122,10 +122,6 @@ pub struct Health {
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct LeaseReport {
     pub takes: u64,
-    /// Of them, takes of the whole volume's lease (the others were keyed:
-    /// shared with other daemons changing inodes they own).
-    #[serde(default)]
-    pub whole_takes: u64,
     pub wait_ns: u64,
 }
 

@@ -30,11 +30,10 @@
 //! `docs/multi-mount.md`). Each registers a session — a row, and an advisory
 //! lock on its id held on a connection of its own for the daemon's life, so
 //! that a daemon that dies, or whose machine does, is seen dead by the
-//! others — and holds the volume's lock shared. Writers hold a write lease
-//! (another advisory lock, [`Shared::lease`]): shared by the daemons that
-//! change only inodes they own (`safs_leases`), exclusive for any other
-//! change; every commit made under it bumps the volume's epoch in the same
-//! statement, only if the lease still holds, logs the keys it wrote in
+//! others — and holds the volume's lock shared. Writers take turns under a
+//! write lease (another advisory lock, [`Shared::lease`]); every commit made
+//! under it bumps the volume's epoch in the same statement, only if the
+//! epoch is still the one the lease began at, logs the keys it wrote in
 //! `safs_changes` and rings a doorbell (`NOTIFY safs`), from which the other
 //! daemons learn what to drop from their caches ([`Shared::watch`]).
 //!
@@ -63,10 +62,9 @@ use postgres::error::SqlState;
 use postgres::{Client, NoTls, Statement};
 
 use super::{
-    Changes, EngineCounters, EngineTally, LeaseMode, LockDrop, LockError, LockHolder, LockReq,
-    MetaError, MetaRead, MetaStore, Session, SessionRow, Shared, WriteRef,
+    Changes, EngineCounters, EngineTally, LockDrop, LockError, LockHolder, LockReq, MetaError,
+    MetaRead, MetaStore, Session, SessionRow, Shared, WriteRef,
 };
-use crate::format::keys::{self as fkeys, Scope};
 
 /// The schema this build writes and reads.
 pub const SCHEMA_VERSION: i32 = 2;
@@ -102,23 +100,6 @@ CREATE TABLE IF NOT EXISTS safs_lock_waits (session bigint NOT NULL, owner bigin
     ino bigint NOT NULL, flock boolean NOT NULL, typ smallint NOT NULL, lstart bigint NOT NULL,
     lend bigint NOT NULL, PRIMARY KEY (session, owner));
 ";
-/// Leases of inodes (see `docs/multi-mount.md`): which session owns each
-/// inode, the epoch of the last whole-volume lease's commit, and the
-/// session of each logged commit. Added to a volume by the first writable
-/// store of this build to open it (older daemons do not use them: mix no
-/// builds on one volume).
-const LEASE_TABLES: &str = "
-ALTER TABLE safs_volume ADD COLUMN IF NOT EXISTS xepoch bigint NOT NULL DEFAULT 0;
-ALTER TABLE safs_changes ADD COLUMN IF NOT EXISTS session bigint NOT NULL DEFAULT 0;
-CREATE TABLE IF NOT EXISTS safs_leases (ino bigint PRIMARY KEY, session bigint NOT NULL);
-";
-// No index on `session`: every create adds a row, and only a session's
-// end (or burial) looks rows up by it.
-/// The volume's epochs and the change log after `$1`, in one round trip
-/// (the first row always, its change columns NULL when nothing follows).
-const CHANGES: &str = "SELECT v.epoch, v.xepoch, c.epoch, c.keys, c.session FROM safs_volume v \
-                       LEFT JOIN safs_changes c ON c.epoch > $1 AND c.epoch <= v.epoch \
-                       ORDER BY c.epoch";
 /// Commits whose keys `safs_changes` keeps; a daemon further behind drops
 /// all it caches instead.
 const CHANGES_KEPT: i64 = 100_000;
@@ -141,7 +122,7 @@ const KV_LZ4: &str = "ALTER TABLE safs_kv ALTER COLUMN v SET COMPRESSION lz4";
 
 /// Every table a volume has (the lock tables too).
 const DROP_ALL: &str = "DROP TABLE IF EXISTS safs_kv, safs_volume, safs_sessions, safs_changes, \
-                        safs_locks, safs_lock_waits, safs_leases";
+                        safs_locks, safs_lock_waits";
 
 /// From schema 1 (one daemon at a time) to 2 (sessions with ids, epochs,
 /// the change log).
@@ -179,20 +160,10 @@ struct Conn {
     /// The commit of a claimed store: applies the batch only while the
     /// volume's claim number is ours, and says whether it was.
     fenced_commit: Statement,
-    /// The commit under the whole volume's lease: applies the batch only
-    /// if the epoch is still the lease's (and the claim number ours), bumps
-    /// it (and the whole-lease epoch), logs the keys, claims the leases of
-    /// the inodes it touched that nobody owns, and rings the doorbell;
-    /// returns the new epoch and the inodes claimed, or no row. `None` on
-    /// read-only stores (an older volume may lack the lease tables).
-    leased_commit: Option<Statement>,
-    /// The commit under a keyed lease: applies the batch only if no whole
-    /// lease committed since this one began, the session is still
-    /// registered and owns every inode the batch touches (those it made
-    /// are recorded as its own); returns the new epoch, or no row.
-    keyed_commit: Option<Statement>,
-    /// [`CHANGES`] (writable stores).
-    changes: Option<Statement>,
+    /// The commit under a write lease: applies the batch only if the epoch
+    /// is still the lease's (and the claim number ours), bumps it, logs the
+    /// keys and rings the doorbell; returns the new epoch, or no row.
+    leased_commit: Statement,
     /// When the server this connection reaches started (µs): commits made
     /// visible on a server that started since may have been lost with it.
     born: i64,
@@ -206,15 +177,6 @@ struct Joined {
     writer: Mutex<Option<Client>>,
     /// The epoch the next commit must find (valid while the lease is held).
     epoch: AtomicI64,
-    /// How the lease is held now (valid while it is held).
-    mode: Mutex<LeaseMode>,
-    /// The whole-lease epoch a keyed commit must find: the one its lease
-    /// began at (a whole lease taken since changed what it relied on).
-    xepoch: AtomicI64,
-    /// The inodes whose leases this session owns: true once the commit
-    /// recording it landed, false for inodes it made whose first commit
-    /// has not.
-    owned: Mutex<std::collections::HashMap<u64, bool>>,
     /// Set when the store drops: the watcher stops.
     stop: Arc<std::sync::atomic::AtomicBool>,
     /// Rung when some daemon's locks change (see [`Shared::on_locks_changed`]).
@@ -239,22 +201,6 @@ struct Unflushed {
     gone: Vec<Vec<u8>>,
     keys: Vec<Vec<u8>>,
     values: Vec<Vec<u8>>,
-    /// The inodes whose leases it records (made, claimed) and drops.
-    claims: Vec<i64>,
-    freed: Vec<i64>,
-}
-
-/// What a batch does to inode leases (see [`PgStore::lease_inputs`]).
-struct LeaseInputs {
-    /// Inodes this session made in the batch: their leases are recorded.
-    born: Vec<i64>,
-    /// Inodes it owned before: a keyed commit checks it still does.
-    held: Vec<i64>,
-    /// Inodes nobody may own for all this daemon knows: a whole commit
-    /// claims them.
-    claims: Vec<i64>,
-    /// Inodes whose records the batch deletes: their leases go.
-    freed: Vec<i64>,
 }
 
 type LocksRing = Arc<Mutex<Option<Box<dyn Fn() + Send + Sync>>>>;
@@ -402,7 +348,6 @@ impl PgStore {
                 t.batch_execute(DROP_ALL).map_err(engine_err)?;
             }
             t.batch_execute(SCHEMA).map_err(engine_err)?;
-            t.batch_execute(LEASE_TABLES).map_err(engine_err)?;
             // The server compresses values over ~2 KiB (spilled xattrs,
             // directory pages) on every write; lz4 costs a third of the
             // default pglz's CPU. A server without it (before 14, or built
@@ -555,75 +500,22 @@ impl PgStore {
         // pg_notify so that it runs (a CTE nobody reads would not). The
         // change log is pruned by one commit in 64: a delete in every
         // commit cost each ~10 % of its time.
-        // A claim takes an inode whose owner is gone (left, or buried).
-        let leased_commit = (!self.read_only)
-            .then(|| {
-                client.prepare(
-                    "WITH v AS (UPDATE safs_volume SET epoch = epoch + 1, xepoch = epoch + 1 \
-                                WHERE epoch = $4 AND claim = $5 RETURNING epoch), \
-                     gone AS (DELETE FROM safs_kv WHERE k = ANY($1::bytea[]) \
-                              AND EXISTS (SELECT 1 FROM v)), \
-                     put AS (INSERT INTO safs_kv (k, v) \
-                             SELECT * FROM unnest($2::bytea[], $3::bytea[]) \
-                             WHERE EXISTS (SELECT 1 FROM v) \
-                             ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v), \
-                     logged AS (INSERT INTO safs_changes (epoch, keys, session) \
-                                SELECT epoch, $6, $9 FROM v), \
-                     pruned AS (DELETE FROM safs_changes WHERE epoch <= $4 - $7 \
-                                AND $4 % 64 = 0 AND EXISTS (SELECT 1 FROM v)), \
-                     freed AS (DELETE FROM safs_leases WHERE ino = ANY($11::bigint[]) \
-                               AND EXISTS (SELECT 1 FROM v)), \
-                     claimed AS (INSERT INTO safs_leases (ino, session) \
-                                 SELECT i, $9 FROM unnest($10::bigint[]) i \
-                                 WHERE EXISTS (SELECT 1 FROM v) \
-                                 ON CONFLICT (ino) DO UPDATE SET session = EXCLUDED.session \
-                                 WHERE NOT EXISTS (SELECT 1 FROM safs_sessions s \
-                                                   WHERE s.id = safs_leases.session) \
-                                 RETURNING ino) \
-                     SELECT epoch, pg_notify('safs', epoch::text)::text, \
-                            set_config('synchronous_commit', $8, true), \
-                            (SELECT coalesce(array_agg(ino), '{}') FROM claimed) FROM v",
-                )
-            })
-            .transpose()
-            .map_err(engine_err)?;
-        let changes = (!self.read_only)
-            .then(|| client.prepare(CHANGES))
-            .transpose()
-            .map_err(engine_err)?;
-        // Several daemons commit this at once: the volume row's lock
-        // orders them, so epochs become visible in order.
-        let keyed_commit = (!self.read_only)
-            .then(|| {
-                client.prepare(
-                    "WITH v AS (UPDATE safs_volume SET epoch = epoch + 1 \
-                                WHERE xepoch = $4 AND claim = $5 \
-                                AND EXISTS (SELECT 1 FROM safs_sessions WHERE id = $9) \
-                                AND (SELECT count(*) FROM safs_leases \
-                                     WHERE ino = ANY($12::bigint[]) AND session = $9) \
-                                    = cardinality($12::bigint[]) \
-                                RETURNING epoch), \
-                     gone AS (DELETE FROM safs_kv WHERE k = ANY($1::bytea[]) \
-                              AND EXISTS (SELECT 1 FROM v)), \
-                     put AS (INSERT INTO safs_kv (k, v) \
-                             SELECT * FROM unnest($2::bytea[], $3::bytea[]) \
-                             WHERE EXISTS (SELECT 1 FROM v) \
-                             ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v), \
-                     logged AS (INSERT INTO safs_changes (epoch, keys, session) \
-                                SELECT epoch, $6, $9 FROM v), \
-                     pruned AS (DELETE FROM safs_changes \
-                                WHERE epoch <= (SELECT epoch FROM v) - $7 \
-                                AND (SELECT epoch FROM v) % 64 = 0), \
-                     freed AS (DELETE FROM safs_leases WHERE ino = ANY($11::bigint[]) \
-                               AND session = $9 AND EXISTS (SELECT 1 FROM v)), \
-                     born AS (INSERT INTO safs_leases (ino, session) \
-                              SELECT i, $9 FROM unnest($10::bigint[]) i \
-                              WHERE EXISTS (SELECT 1 FROM v) ON CONFLICT (ino) DO NOTHING) \
-                     SELECT epoch, pg_notify('safs', epoch::text)::text, \
-                            set_config('synchronous_commit', $8, true) FROM v",
-                )
-            })
-            .transpose()
+        let leased_commit = client
+            .prepare(
+                "WITH v AS (UPDATE safs_volume SET epoch = epoch + 1 \
+                            WHERE epoch = $4 AND claim = $5 RETURNING epoch), \
+                 gone AS (DELETE FROM safs_kv WHERE k = ANY($1::bytea[]) \
+                          AND EXISTS (SELECT 1 FROM v)), \
+                 put AS (INSERT INTO safs_kv (k, v) \
+                         SELECT * FROM unnest($2::bytea[], $3::bytea[]) \
+                         WHERE EXISTS (SELECT 1 FROM v) \
+                         ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v), \
+                 logged AS (INSERT INTO safs_changes (epoch, keys) SELECT epoch, $6 FROM v), \
+                 pruned AS (DELETE FROM safs_changes WHERE epoch <= $4 - $7 \
+                            AND $4 % 64 = 0 AND EXISTS (SELECT 1 FROM v)) \
+                 SELECT epoch, pg_notify('safs', epoch::text)::text, \
+                        set_config('synchronous_commit', $8, true) FROM v",
+            )
             .map_err(engine_err)?;
         let born: i64 = client
             .query_one(
@@ -645,8 +537,6 @@ impl PgStore {
             commit,
             fenced_commit,
             leased_commit,
-            keyed_commit,
-            changes,
         })
     }
 
@@ -736,20 +626,6 @@ impl PgStore {
                 self.shown
             )));
         }
-        if !self.read_only {
-            let missing: bool = c
-                .query_one("SELECT to_regclass('safs_leases') IS NULL", &[])
-                .map_err(engine_err)?
-                .get(0);
-            if missing {
-                // One store adds them, the others wait and find them there.
-                let mut t = c.transaction().map_err(engine_err)?;
-                t.execute("SELECT pg_advisory_xact_lock($1)::text", &[&LOCKS_LOCK])
-                    .map_err(engine_err)?;
-                t.batch_execute(LEASE_TABLES).map_err(engine_err)?;
-                t.commit().map_err(engine_err)?;
-            }
-        }
         Ok(())
     }
 
@@ -827,47 +703,31 @@ impl PgStore {
     }
 
     /// What changed after epoch `seen`, read on `c`: the keys of every
-    /// commit since of sessions other than `me` (this daemon's caches
-    /// already show its own), or `None` if the log no longer reaches back
-    /// that far; and the whole-lease epoch.
-    fn changes_on(
-        c: &mut Client,
-        prepared: Option<&Statement>,
-        seen: i64,
-        me: i64,
-    ) -> Result<(Changes, i64), postgres::Error> {
-        let rows = match prepared {
-            Some(st) => c.query(st, &[&seen])?,
-            None => c.query(CHANGES, &[&seen])?,
-        };
-        let v = rows.first().expect("the volume's row");
-        let (now, xepoch): (i64, i64) = (v.get(0), v.get(1));
+    /// commit since, or `None` if the log no longer reaches back that far.
+    fn changes_on(c: &mut Client, seen: i64) -> Result<Changes, postgres::Error> {
+        let now: i64 = c.query_one("SELECT epoch FROM safs_volume", &[])?.get(0);
         if now <= seen {
             // Behind what was seen: commits were lost (a server restart),
             // and what they changed is unknown here.
-            let ch = Changes {
+            return Ok(Changes {
                 epoch: now.max(0) as u64,
                 keys: (now == seen).then(Vec::new),
-            };
-            return Ok((ch, xepoch));
+            });
         }
-        let logged: Vec<_> = rows
-            .iter()
-            .filter(|r| r.get::<_, Option<i64>>(2).is_some())
-            .collect();
-        let complete = logged.len() as i64 == now - seen;
+        let rows = c.query(
+            "SELECT epoch, keys FROM safs_changes WHERE epoch > $1 AND epoch <= $2 ORDER BY epoch",
+            &[&seen, &now],
+        )?;
+        let complete = rows.len() as i64 == now - seen;
         let keys = complete.then(|| {
-            logged
-                .into_iter()
-                .filter(|r| r.get::<_, i64>(4) != me)
-                .flat_map(|r| r.get::<_, Vec<Vec<u8>>>(3))
+            rows.into_iter()
+                .flat_map(|r| r.get::<_, Vec<Vec<u8>>>(1))
                 .collect()
         });
-        let ch = Changes {
+        Ok(Changes {
             epoch: now as u64,
             keys,
-        };
-        Ok((ch, xepoch))
+        })
     }
 }
 
@@ -1125,81 +985,8 @@ impl PgStore {
         Ok(())
     }
 
-    /// What a batch under `mode` does to inode leases; a batch under a
-    /// keyed lease that touches a record this session does not own (which
-    /// the core never sends) is refused before anything is sent.
-    fn lease_inputs(
-        j: &Joined,
-        mode: LeaseMode,
-        gone: &[&[u8]],
-        keys: &[&[u8]],
-    ) -> Result<LeaseInputs, MetaError> {
-        let me = j.id as u64;
-        let mut touched = std::collections::BTreeSet::new();
-        let mut freed = std::collections::BTreeSet::new();
-        for k in gone.iter().chain(keys) {
-            let ino = match fkeys::scope(k) {
-                Scope::Inode(i) => i,
-                Scope::Share { session, .. } | Scope::Session(session) if session == me => continue,
-                Scope::Share { dir, .. } => dir,
-                Scope::Session(_) | Scope::Volume if mode == LeaseMode::Whole => continue,
-                Scope::Session(_) | Scope::Volume => {
-                    tracing::error!(key = ?String::from_utf8_lossy(k), "a change to a record of the whole volume under a keyed lease (a bug): the batch is refused");
-                    return Err(MetaError::LeaseLost(
-                        "a change outside this daemon's leases".into(),
-                    ));
-                }
-            };
-            touched.insert(ino);
-            if k.len() == 9 && k[0] == fkeys::P_INODE && gone.contains(k) {
-                freed.insert(ino);
-            }
-        }
-        let owned = j.owned.lock();
-        let mut out = LeaseInputs {
-            born: Vec::new(),
-            held: Vec::new(),
-            claims: Vec::new(),
-            freed: freed.iter().map(|&i| i as i64).collect(),
-        };
-        for ino in touched {
-            match (mode, owned.get(&ino)) {
-                (LeaseMode::Keyed, Some(false)) if freed.contains(&ino) => {}
-                (LeaseMode::Keyed, Some(false)) => out.born.push(ino as i64),
-                (LeaseMode::Keyed, Some(true)) => out.held.push(ino as i64),
-                (LeaseMode::Keyed, None) => {
-                    tracing::error!(
-                        ino,
-                        "a change to an inode this daemon does not own under a keyed lease (a bug): the batch is refused"
-                    );
-                    return Err(MetaError::LeaseLost(
-                        "a change outside this daemon's leases".into(),
-                    ));
-                }
-                (LeaseMode::Whole, Some(true)) => {}
-                (LeaseMode::Whole, _) if freed.contains(&ino) => {}
-                (LeaseMode::Whole, _) => out.claims.push(ino as i64),
-            }
-        }
-        Ok(out)
-    }
-
-    /// The leases a landed batch recorded, claimed or dropped.
-    fn leases_landed(j: &Joined, l: &LeaseInputs, claimed: &[i64]) {
-        let mut owned = j.owned.lock();
-        for &i in l.born.iter().chain(claimed) {
-            owned.insert(i as u64, true);
-        }
-        for i in &l.freed {
-            owned.remove(&(*i as u64));
-        }
-    }
-
-    /// A commit under the write lease (joined daemons): under the whole
-    /// volume's, applied only while the epoch is the one the lease left
-    /// (see `Conn::leased_commit`); under a keyed one, only while no whole
-    /// lease came between and the batch's inodes are still this
-    /// session's (`Conn::keyed_commit`).
+    /// A commit under the write lease (joined daemons): applied only while
+    /// the epoch is the one the lease left (see `Conn::leased_commit`).
     fn leased_commit(
         &self,
         j: &Joined,
@@ -1215,110 +1002,55 @@ impl PgStore {
                 "the PostgreSQL server lost this daemon's commits".into(),
             ));
         }
-        let mode = *j.mode.lock();
-        let inputs = Self::lease_inputs(j, mode, gone, keys)?;
-        let sync = if durable { "on" } else { "off" };
         let mut recovered = false;
         loop {
+            let expect = j.epoch.load(Relaxed);
+            if expect < 0 {
+                return Err(MetaError::LeaseLost(
+                    "a commit without the write lease".into(),
+                ));
+            }
             let (tries, born) = (Cell::new(0u32), Cell::new(0i64));
-            let made: Option<(i64, Vec<i64>)> = if mode == LeaseMode::Keyed {
-                // Commits of other daemons come between: a server restart
-                // that lost this daemon's is seen by the server's age, not
-                // by the epoch.
-                let server = self.with_conn(|c| Ok(c.born))?;
-                if !recovered && j.unflushed.lock().iter().any(|u| u.born != server) {
-                    if !self.recover_unflushed(j)? {
-                        return Err(MetaError::LeaseLost(
-                            "the PostgreSQL server lost this daemon's commits".into(),
-                        ));
-                    }
-                    recovered = true;
+            let row = self.with_conn(|c| {
+                tries.set(tries.get() + 1);
+                born.set(c.born);
+                c.client.query_opt(
+                    &c.leased_commit,
+                    &[
+                        &gone,
+                        &keys,
+                        &values,
+                        &expect,
+                        &token,
+                        &logged,
+                        &CHANGES_KEPT,
+                        &if durable { "on" } else { "off" },
+                    ],
+                )
+            })?;
+            let made = match row {
+                Some(r) => Some(r.get::<_, i64>(0)),
+                // An earlier try committed and its answer was lost with the
+                // connection (the server went down in between): the retry
+                // finds the epoch moved by one — by this very batch.
+                None if tries.get() > 1
+                    && self.landed(expect, token, &logged, gone, keys, values)? =>
+                {
+                    tracing::info!(
+                        epoch = expect + 1,
+                        "a commit whose answer was lost had landed"
+                    );
+                    Some(expect + 1)
                 }
-                let expect = j.xepoch.load(Relaxed);
-                // Applying a batch twice is applying it once: a try whose
-                // answer was lost is simply made again.
-                self.with_conn(|c| {
-                    born.set(c.born);
-                    let st = c.keyed_commit.as_ref().expect("a writable store");
-                    let row = c.client.query_opt(
-                        st,
-                        &[
-                            &gone,
-                            &keys,
-                            &values,
-                            &expect,
-                            &token,
-                            &logged,
-                            &CHANGES_KEPT,
-                            &sync,
-                            &j.id,
-                            &inputs.born,
-                            &inputs.freed,
-                            &inputs.held,
-                        ],
-                    )?;
-                    Ok(row.map(|r| (r.get::<_, i64>(0), Vec::new())))
-                })?
-            } else {
-                let expect = j.epoch.load(Relaxed);
-                if expect < 0 {
-                    return Err(MetaError::LeaseLost(
-                        "a commit without the write lease".into(),
-                    ));
-                }
-                let row = self.with_conn(|c| {
-                    tries.set(tries.get() + 1);
-                    born.set(c.born);
-                    let st = c.leased_commit.as_ref().expect("a writable store");
-                    c.client.query_opt(
-                        st,
-                        &[
-                            &gone,
-                            &keys,
-                            &values,
-                            &expect,
-                            &token,
-                            &logged,
-                            &CHANGES_KEPT,
-                            &sync,
-                            &j.id,
-                            &inputs.claims,
-                            &inputs.freed,
-                        ],
-                    )
-                })?;
-                match row {
-                    Some(r) => Some((r.get::<_, i64>(0), r.get::<_, Vec<i64>>(3))),
-                    // An earlier try committed and its answer was lost with the
-                    // connection (the server went down in between): the retry
-                    // finds the epoch moved by one — by this very batch. Its
-                    // claims are not known: they are made again by the next
-                    // whole commit that touches the inodes.
-                    None if tries.get() > 1
-                        && self.landed(expect, token, &logged, gone, keys, values)? =>
-                    {
-                        tracing::info!(
-                            epoch = expect + 1,
-                            "a commit whose answer was lost had landed"
-                        );
-                        Some((expect + 1, Vec::new()))
-                    }
-                    None => None,
-                }
+                None => None,
             };
-            if let Some((epoch, claimed)) = made {
-                // Under a keyed lease, the epoch of this daemon's last
-                // commit (what `reached` reports), not what the next must
-                // find.
+            if let Some(epoch) = made {
                 j.epoch.store(epoch, Relaxed);
-                if mode == LeaseMode::Whole {
-                    j.xepoch.store(epoch, Relaxed);
-                }
-                Self::leases_landed(j, &inputs, &claimed);
                 let mut u = j.unflushed.lock();
                 if durable {
                     // Its WAL flush covered every commit before it on this
-                    // server, which holds them all.
+                    // server, which holds them all: the epoch it expected
+                    // was there.
                     u.clear();
                 } else {
                     let owned = |v: &[&[u8]]| v.iter().map(|x| x.to_vec()).collect();
@@ -1328,14 +1060,6 @@ impl PgStore {
                         gone: owned(gone),
                         keys: owned(keys),
                         values: owned(values),
-                        claims: inputs
-                            .born
-                            .iter()
-                            .chain(&inputs.held)
-                            .chain(&inputs.claims)
-                            .copied()
-                            .collect(),
-                        freed: inputs.freed.clone(),
                     });
                 }
                 return Ok(());
@@ -1409,9 +1133,8 @@ impl PgStore {
                 if c.epoch != now + 1 {
                     return Ok((false, replayed, now));
                 }
-                let st = leased_commit.as_ref().expect("a writable store");
                 let r = t.query_opt(
-                    st,
+                    &*leased_commit,
                     &[
                         &c.gone,
                         &c.keys,
@@ -1421,9 +1144,6 @@ impl PgStore {
                         &ours,
                         &CHANGES_KEPT,
                         &"on",
-                        &j.id,
-                        &c.claims,
-                        &c.freed,
                     ],
                 )?;
                 if r.is_none() {
@@ -1447,11 +1167,7 @@ impl PgStore {
             // was committed again is its own lineage, up to the epoch it
             // last made; anything past that is another daemon's, which its
             // next commit must meet as a lost lease (its caches never saw
-            // it), not pass over. A keyed lease goes on from what the
-            // replays made (whole commits, on nothing of anyone else's).
-            if replayed > 0 {
-                j.xepoch.store(now, Relaxed);
-            }
+            // it), not pass over.
             u.clear();
         } else {
             tracing::error!(
@@ -1679,9 +1395,6 @@ impl PgStore {
             id,
             writer: Mutex::new(None),
             epoch: AtomicI64::new(-1),
-            mode: Mutex::new(LeaseMode::Whole),
-            xepoch: AtomicI64::new(0),
-            owned: Mutex::default(),
             stop: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             locks_rang: Arc::default(),
             watcher: Mutex::new(None),
@@ -1727,27 +1440,15 @@ impl PgStore {
 }
 
 impl Shared for PgStore {
-    fn lease(&self, seen: u64, mode: LeaseMode) -> Result<Changes, MetaError> {
+    fn lease(&self, seen: u64) -> Result<Changes, MetaError> {
         let j = self.joined.get().expect("joined");
         let seen = seen as i64;
-        // Keyed leases are the write lock shared: they go at once; the
-        // whole volume's is it exclusive, which waits for them to end.
-        let (take, give) = match mode {
-            LeaseMode::Keyed => (
-                "SELECT pg_advisory_lock_shared($1)::text",
-                "SELECT pg_advisory_unlock_shared($1)",
-            ),
-            LeaseMode::Whole => (
-                "SELECT pg_advisory_lock($1)::text",
-                "SELECT pg_advisory_unlock($1)",
-            ),
-        };
-        let (mut changes, mut xepoch) = self.with_writer(j, true, |c| {
-            c.execute(take, &[&WRITE_LOCK])?;
-            match Self::changes_on(c, None, seen, j.id) {
+        let mut changes = self.with_writer(j, true, |c| {
+            c.execute("SELECT pg_advisory_lock($1)::text", &[&WRITE_LOCK])?;
+            match Self::changes_on(c, seen) {
                 Ok(ch) => Ok(ch),
                 Err(e) => {
-                    let _ = c.execute(give, &[&WRITE_LOCK]);
+                    let _ = c.execute("SELECT pg_advisory_unlock($1)", &[&WRITE_LOCK]);
                     Err(e)
                 }
             }
@@ -1764,18 +1465,9 @@ impl Shared for PgStore {
         // epoch before the syncer's recovery, and the next commit found
         // the lease lost: CI, mount_postgres and crash.rs.)
         if (changes.epoch as i64) < seen && self.recover_unflushed(j)? {
-            (changes, xepoch) =
-                self.with_writer(j, true, |c| Self::changes_on(c, None, seen, j.id))?;
+            changes = self.with_writer(j, true, |c| Self::changes_on(c, seen))?;
         }
-        *j.mode.lock() = mode;
-        j.xepoch.store(xepoch, Relaxed);
-        j.epoch.store(
-            match mode {
-                LeaseMode::Whole => changes.epoch as i64,
-                LeaseMode::Keyed => -1,
-            },
-            Relaxed,
-        );
+        j.epoch.store(changes.epoch as i64, Relaxed);
         if j.lost.swap(false, Relaxed) {
             return Ok(Changes {
                 keys: None,
@@ -1787,32 +1479,12 @@ impl Shared for PgStore {
 
     fn release(&self) -> u64 {
         let j = self.joined.get().expect("joined");
-        // Under a keyed lease other daemons committed between this one's
-        // commits: what it saw is not moved past them.
         let reached = j.epoch.swap(-1, Relaxed);
-        let mode = *j.mode.lock();
-        let give = match mode {
-            LeaseMode::Keyed => "SELECT pg_advisory_unlock_shared($1)",
-            LeaseMode::Whole => "SELECT pg_advisory_unlock($1)",
-        };
         // A connection that failed took the lock with it.
-        let _ = self.with_writer(j, false, |c| c.execute(give, &[&WRITE_LOCK]));
-        match mode {
-            LeaseMode::Whole => reached.max(0) as u64,
-            LeaseMode::Keyed => 0,
-        }
-    }
-
-    fn adopt(&self, ino: u64) {
-        if let Some(j) = self.joined.get() {
-            j.owned.lock().entry(ino).or_insert(false);
-        }
-    }
-
-    fn owns(&self, ino: u64) -> bool {
-        self.joined
-            .get()
-            .is_some_and(|j| j.owned.lock().contains_key(&ino))
+        let _ = self.with_writer(j, false, |c| {
+            c.execute("SELECT pg_advisory_unlock($1)", &[&WRITE_LOCK])
+        });
+        reached.max(0) as u64
     }
 
     fn lease_wanted(&self) -> bool {
@@ -1843,10 +1515,7 @@ impl Shared for PgStore {
     }
 
     fn changes(&self, seen: u64) -> Result<Changes, MetaError> {
-        let me = self.joined.get().map_or(0, |j| j.id);
-        self.with_conn(|c| {
-            Self::changes_on(&mut c.client, c.changes.as_ref(), seen as i64, me).map(|(ch, _)| ch)
-        })
+        self.with_conn(|c| Self::changes_on(&mut c.client, seen as i64))
     }
 
     fn watch(&self, ring: Box<dyn Fn(u64) + Send + Sync>) -> Result<(), MetaError> {
@@ -1908,11 +1577,6 @@ impl Shared for PgStore {
                 // and waiters look again.
                 t.execute("SELECT pg_advisory_xact_lock($1)::text", &[&LOCKS_LOCK])?;
                 t.execute("DELETE FROM safs_locks WHERE session = $1", &[&(id as i64)])?;
-                // The inodes it owned are anyone's to claim.
-                t.execute(
-                    "DELETE FROM safs_leases WHERE session = $1",
-                    &[&(id as i64)],
-                )?;
                 t.execute(
                     "DELETE FROM safs_lock_waits WHERE session = $1",
                     &[&(id as i64)],
@@ -2127,7 +1791,6 @@ fn keep_claim(
                     let _ = client.batch_execute(&format!(
                         "DELETE FROM safs_locks WHERE session = {id}; \
                          DELETE FROM safs_lock_waits WHERE session = {id}; \
-                         DELETE FROM safs_leases WHERE session = {id}; \
                          NOTIFY {LOCKS_CHANNEL}"
                     ));
                 }
@@ -2424,12 +2087,12 @@ mod tests {
         .unwrap();
 
         // A commits under the lease; B waits for its turn meanwhile.
-        assert_eq!(a.lease(0, LeaseMode::Whole).unwrap().epoch, 0);
+        assert_eq!(a.lease(0).unwrap().epoch, 0);
         a.commit(&[(b"k1".to_vec(), Some(b"a".to_vec()))]).unwrap();
         assert!(!a.lease_wanted(), "nobody waits yet");
         let waiter = {
             let b = Arc::clone(&b);
-            std::thread::spawn(move || b.lease(0, LeaseMode::Whole).unwrap())
+            std::thread::spawn(move || b.lease(0).unwrap())
         };
         std::thread::sleep(Duration::from_millis(300));
         assert!(!waiter.is_finished(), "B got the lease while A held it");
@@ -2459,7 +2122,7 @@ mod tests {
 
         // A's lease is lost with its connection; B takes it and commits:
         // A's commit under the lost lease must not land.
-        assert_eq!(a.lease(2, LeaseMode::Whole).unwrap().epoch, 2);
+        assert_eq!(a.lease(2).unwrap().epoch, 2);
         let mut admin = postgres::Client::connect(&info, NoTls).unwrap();
         admin
             .execute(
@@ -2468,7 +2131,7 @@ mod tests {
                 &[&WRITE_LOCK],
             )
             .unwrap();
-        assert_eq!(b.lease(2, LeaseMode::Whole).unwrap().epoch, 2);
+        assert_eq!(b.lease(2).unwrap().epoch, 2);
         b.commit(&[(b"k3".to_vec(), Some(b"b".to_vec()))]).unwrap();
         b.release();
         let e = a
@@ -2504,7 +2167,7 @@ mod tests {
         assert!(!a.visible_before_durable(), "not before joining");
         assert!(a.join(&who(1)).unwrap());
         assert!(a.visible_before_durable());
-        assert_eq!(a.lease(0, LeaseMode::Whole).unwrap().epoch, 0);
+        assert_eq!(a.lease(0).unwrap().epoch, 0);
         let batch = [(&b"k"[..], Some(&b"v"[..]))];
         a.commit_iter_visible(&mut batch.iter().copied()).unwrap();
         let mut other = postgres::Client::connect(&info, NoTls).unwrap();
@@ -2581,7 +2244,7 @@ mod tests {
         };
         let (a, b) = (PgStore::open(&info).unwrap(), PgStore::open(&info).unwrap());
         assert!(a.join(&who(1)).unwrap() && b.join(&who(2)).unwrap());
-        a.lease(0, LeaseMode::Whole).unwrap();
+        a.lease(0).unwrap();
         put(&a, b"k0", true).unwrap();
         put(&a, b"k1", false).unwrap();
         put(&a, b"k2", false).unwrap();
@@ -2601,18 +2264,18 @@ mod tests {
 
         // A's commit, then B's on top of it, both lost: B cannot commit
         // its own again first (A's is missing under it); A can.
-        a.lease(4, LeaseMode::Whole).unwrap();
+        a.lease(4).unwrap();
         put(&a, b"a5", false).unwrap();
         assert_eq!(a.release(), 5);
-        b.lease(4, LeaseMode::Whole).unwrap();
+        b.lease(4).unwrap();
         put(&b, b"b6", false).unwrap();
         assert_eq!(b.release(), 6);
         crash_back_to(4);
-        let seen_by_b = b.lease(6, LeaseMode::Whole).unwrap();
+        let seen_by_b = b.lease(6).unwrap();
         assert_eq!(seen_by_b.epoch, 4);
         assert!(seen_by_b.keys.is_none(), "B's caches are reset");
         b.release();
-        let seen_by_a = a.lease(5, LeaseMode::Whole).unwrap();
+        let seen_by_a = a.lease(5).unwrap();
         assert_eq!(seen_by_a.epoch, 5, "A committed its own again");
         assert_eq!(seen_by_a.keys, Some(Vec::new()));
         a.make_durable().unwrap();
@@ -2627,17 +2290,17 @@ mod tests {
         // nothing. A's next flush meets a restarted server: it finds its
         // commit there, and leaves its lease's epoch alone (B's commit is
         // B's: A must meet it as anyone's, through its lease).
-        a.lease(5, LeaseMode::Whole).unwrap();
+        a.lease(5).unwrap();
         put(&a, b"a6", false).unwrap();
         assert_eq!(a.release(), 6);
-        b.lease(6, LeaseMode::Whole).unwrap();
+        b.lease(6).unwrap();
         put(&b, b"b7", true).unwrap();
         assert_eq!(b.release(), 7);
         cluster.restart().unwrap();
         a.make_durable().unwrap();
         assert_eq!(a.reached(), None, "no lease taken by the check");
         assert!(on_server(b"a6") && on_server(b"b7"));
-        let seen = a.lease(6, LeaseMode::Whole).unwrap();
+        let seen = a.lease(6).unwrap();
         assert_eq!((seen.epoch, seen.keys), (7, Some(vec![b"b7".to_vec()])));
         assert_eq!(a.release(), 7);
 
@@ -2645,12 +2308,12 @@ mod tests {
         // lease's read of the epoch (behind) and its look at what is left
         // to recover (nothing): the lease reads again, and A's next commit
         // goes on top of its own.
-        a.lease(7, LeaseMode::Whole).unwrap();
+        a.lease(7).unwrap();
         put(&a, b"a8", false).unwrap();
         assert_eq!(a.release(), 8);
         crash_back_to(7);
         *a.after_lease_read.lock() = Some(Box::new(|s: &PgStore| s.make_durable().unwrap()));
-        let seen = a.lease(8, LeaseMode::Whole).unwrap();
+        let seen = a.lease(8).unwrap();
         assert_eq!((seen.epoch, seen.keys), (8, Some(Vec::new())));
         put(&a, b"a9", false).unwrap();
         assert_eq!(a.release(), 9);
@@ -2665,7 +2328,7 @@ mod tests {
         drop(PgStore::create(&info, false).unwrap());
         let a = PgStore::open(&info).unwrap();
         assert!(a.join(&who(1)).unwrap());
-        assert_eq!(a.lease(0, LeaseMode::Whole).unwrap().epoch, 0);
+        assert_eq!(a.lease(0).unwrap().epoch, 0);
         a.commit(&[(b"old".to_vec(), Some(b"x".to_vec()))]).unwrap();
         a.commit(&[
             (b"old".to_vec(), None),
@@ -2715,7 +2378,7 @@ mod tests {
         let s = PgStore::open(&info).unwrap();
         assert_eq!(s.get(&[1]).unwrap().as_deref(), Some(&[2u8][..]));
         assert!(s.join(&who(1)).unwrap());
-        assert_eq!(s.lease(0, LeaseMode::Whole).unwrap().epoch, 0);
+        assert_eq!(s.lease(0).unwrap().epoch, 0);
         s.commit(&[(vec![3], Some(vec![4]))]).unwrap();
         assert_eq!(s.release(), 1);
     }
