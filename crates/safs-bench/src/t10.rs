@@ -179,7 +179,7 @@ pub fn run(s: &mut Step<'_>) -> anyhow::Result<()> {
         }
     }
     // Each set of writers in directories of its own, made through the
-    // mount that writes there (which then owns them).
+    // mount that writes there.
     let files = ctx.sizes.t10_changes * 4;
     let sets: [Vec<PathBuf>; 3] = [
         vec![s.dir.join("w1")],
